@@ -1,0 +1,106 @@
+"""Find, read and dispatch a config file to its dialect.
+
+``load_config`` reads the file once and keeps its bytes (the writer copies them
+byte-identical to ``.dump_metadata/data_dump.json``); ``load_config_dict`` does
+the dialect detection and validation for an already-parsed object.  Every
+failure is one :class:`ConfigError` naming the file.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from . import validate as v
+from .acl import parse_acl
+from .errors import ConfigError
+from .mindspore import OPDUMP, SECTIONS, parse_mindspore, parse_opdump_settings
+from .model import DumpConfig
+from .options import DumpOptions, from_options
+
+__all__ = ["load_config", "load_config_dict", "from_options", "DumpOptions", "CONFIG_ENV"]
+
+CONFIG_ENV = ("OPDUMP_CONFIG", "MINDSPORE_DUMP_CONFIG")
+SHAPES = ('a MindSpore config {"common_dump_settings": {...}, "e2e_dump_settings": {...}} '
+          'or an ACL/torchair config {"dump": {...}}')
+
+
+def load_config(path: Optional[str] = None, *, env: Optional[Mapping[str, str]] = None) -> DumpConfig:
+    """Load and validate the config at ``path`` (default: ``$OPDUMP_CONFIG``, alias ``$MINDSPORE_DUMP_CONFIG``)."""
+    env = os.environ if env is None else env
+    field = "config file"
+    if path is None:
+        field, path = _config_from_env(env)
+    file = os.path.abspath(path)
+    try:
+        with open(file, "rb") as fh:
+            raw = fh.read()
+    except FileNotFoundError:
+        raise ConfigError(field, path, "no such file", file) from None
+    except IsADirectoryError:
+        raise ConfigError(field, path, "is a directory, not a JSON file", file) from None
+    except OSError as exc:
+        raise ConfigError(field, path, f"cannot be read: {exc.strerror or exc}", file) from None
+    data = _parse_json(raw, file)
+    return load_config_dict(data, file=file, env=env).replace(source_bytes=raw)
+
+
+def load_config_dict(data: Any, *, file: Optional[str] = None,
+                     env: Optional[Mapping[str, str]] = None) -> DumpConfig:
+    """Validate an already-parsed config object of either JSON dialect."""
+    env = os.environ if env is None else env
+    try:
+        config = _dispatch(data, env)
+    except ConfigError as err:
+        raise err.with_file(file) from None
+    return config.replace(source_file=file)
+
+
+def _config_from_env(env: Mapping[str, str]) -> Tuple[str, str]:
+    for var in CONFIG_ENV:
+        if env.get(var):
+            return var, env[var]
+    raise ConfigError(CONFIG_ENV[0], "<not set>", f"set {CONFIG_ENV[0]} (or its alias {CONFIG_ENV[1]}) to the "
+                      "path of the dump config JSON, or pass the path explicitly")
+
+
+def _parse_json(raw: bytes, file: str) -> Any:
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ConfigError("(file)", f"<byte {exc.start}>", "is not UTF-8 text; a config is a UTF-8 JSON file",
+                          file) from None
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicate_keys)
+    except json.JSONDecodeError as exc:
+        raise ConfigError("(json)", f"<line {exc.lineno}, column {exc.colno}>", f"invalid JSON: {exc.msg}",
+                          file) from None
+    except ConfigError as err:                 # a duplicate key
+        raise err.with_file(file) from None
+
+
+def _no_duplicate_keys(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ConfigError(key, value, "appears twice in the same JSON object; keep one")
+        out[key] = value
+    return out
+
+
+def _dispatch(data: Any, env: Mapping[str, str]) -> DumpConfig:
+    """Detect the dialect from the top-level keys."""
+    if not isinstance(data, dict):
+        raise ConfigError("(top level)", data, f"must be a JSON object: {SHAPES}")
+    if "dump" in data:
+        v.check_keys(data, ["dump", OPDUMP], "")
+        extra = parse_opdump_settings(data[OPDUMP]) if OPDUMP in data else {}
+        return parse_acl(data["dump"], env, extra)
+    known = list(SECTIONS) + ["dump"]
+    if any(key in SECTIONS for key in data):
+        return parse_mindspore(data, env)
+    for key, value in data.items():
+        if v.suggest(key, known).startswith("unknown field; did you mean"):
+            raise ConfigError(key, value, v.suggest(key, known))
+    shown = "{}" if not data else "{" + ", ".join(f'"{k}": ...' for k in data) + "}"
+    raise ConfigError("(top level)", f"<{shown}>", f"unrecognised config; expected {SHAPES}")

@@ -1,0 +1,78 @@
+"""The MindSpore dialect (seed 000): ``common_dump_settings`` + ``e2e_dump_settings``.
+
+Every field of the seed is accepted and checked; ``opdump_settings`` is opdump's
+optional third section.  Fields are tables (one line per field); what depends on
+several fields is in :mod:`.rules`.  Every field is optional: a missing one takes
+the :class:`DumpConfig` default (the seed's default), ``path`` falls back to
+``$OPDUMP_DIAGNOSTIC_DATA_PATH/debug_dump`` like MindSpore's ``MS_DIAGNOSTIC_DATA_PATH``.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Mapping
+
+from . import validate as v
+from .errors import ConfigError
+from .iteration import parse_iteration
+from .model import DumpConfig
+from .rules import apply_rules
+
+COMMON = "common_dump_settings"
+E2E = "e2e_dump_settings"
+OPDUMP = "opdump_settings"
+
+COMMON_FIELDS = {
+    "op_debug_mode": v.Field(v.integer(choices=(0, 3, 4))),
+    "dump_mode": v.Field(v.integer(choices=(0, 1, 2))),
+    "path": v.Field(v.path_string),
+    "net_name": v.Field(v.net_name),
+    "iteration": v.Field(parse_iteration),
+    "saved_data": v.Field(v.choice("tensor", "statistic", "full")),
+    "input_output": v.Field(v.integer(choices=(0, 1, 2))),
+    "kernels": v.Field(v.kernel_list),
+    "support_device": v.Field(v.device_list),
+    "statistic_category": v.Field(v.statistic_list),
+    "overflow_number": v.Field(v.integer(lo=0)),
+    "file_format": v.Field(v.choice("npy", "bin")),
+}
+
+E2E_FIELDS = {
+    "enable": v.Field(v.boolean),
+    "trans_flag": v.Field(v.boolean),
+    "stat_calc_mode": v.Field(v.choice("host", "device")),
+    "device_stat_precision_mode": v.Field(v.choice("high", "low")),
+    "sample_mode": v.Field(v.integer(choices=(0, 1))),
+    "sample_num": v.Field(v.integer(lo=1)),
+    "save_kernel_args": v.Field(v.boolean),
+}
+
+OPDUMP_FIELDS = {
+    "writer_queue_mb": v.Field(v.integer(lo=1)),
+    "writer_threads": v.Field(v.integer(lo=1, hi=16)),
+    "eager_capture": v.Field(v.choice("model", "all")),
+}
+
+SECTIONS = {COMMON: COMMON_FIELDS, E2E: E2E_FIELDS, OPDUMP: OPDUMP_FIELDS}
+
+#: DumpConfig attribute -> dotted JSON name, for cross-field messages.
+NAMES = {attr: f"{sec}.{attr}" for sec, table in SECTIONS.items() for attr in table}
+
+
+def parse_opdump_settings(value: Any) -> Dict[str, Any]:
+    """The optional ``opdump_settings`` section (also accepted beside an ACL ``dump``)."""
+    return v.apply_table(v.expect_dict(value, OPDUMP), OPDUMP_FIELDS, OPDUMP + ".")
+
+
+def parse_mindspore(data: Mapping[str, Any], env: Mapping[str, str]) -> DumpConfig:
+    """Build a DumpConfig from a MindSpore-dialect JSON object (raises ConfigError)."""
+    v.check_keys(data, list(SECTIONS), "")
+    if COMMON not in data:
+        raise ConfigError(COMMON, "<missing>", f"required section; it holds {', '.join(COMMON_FIELDS)}")
+    kw: Dict[str, Any] = {}
+    for section, table in SECTIONS.items():
+        if section in data:
+            kw.update(v.apply_table(v.expect_dict(data[section], section), table, section + "."))
+    raw_path = kw.pop("path", "")
+    field = NAMES["path"]
+    kw["path"] = v.check_path(raw_path, field) if raw_path else v.diagnostic_path(field, env)
+    kw = apply_rules(kw, NAMES)
+    return DumpConfig(layout="mindspore", dialect="mindspore", **kw)

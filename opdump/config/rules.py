@@ -1,0 +1,57 @@
+"""Cross-field rules: the combinations the seeds forbid, and MindSpore's normalisations.
+
+Single fields are checked by the converters in :mod:`.validate`; what depends on
+two fields lives here, once, so every dialect gets the same rules.  The rules
+work on DumpConfig attribute names; ``names`` maps them back to the dialect's
+dotted JSON names for the messages.
+
+Principle: where seed 000 says a combination fails (or is "not supported"),
+opdump raises; where MindSpore itself overrides a field (overflow/exception
+dump ignore ``dump_mode``; exception dump saves inputs of every iteration),
+opdump overrides it the same way.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Mapping
+
+from .errors import ConfigError
+from .model import DumpConfig, IterationSpec
+
+DEFAULTS: Dict[str, Any] = {
+    f.name: f.default for f in dataclasses.fields(DumpConfig) if f.default is not dataclasses.MISSING
+}
+
+
+def apply_rules(kw: Mapping[str, Any], names: Mapping[str, str]) -> Dict[str, Any]:
+    """Return ``kw`` with the normalisations applied; raise on the first forbidden combination."""
+    d = {**DEFAULTS, **kw}
+    out = dict(kw)
+
+    def fail(attr: str, allowed: str) -> None:
+        raise ConfigError(names.get(attr, attr), d[attr], allowed)
+
+    op = d["op_debug_mode"]
+    if d["saved_data"] in ("statistic", "full") and d["file_format"] == "bin":
+        fail("saved_data", f'statistics need {names.get("file_format", "file_format")} "npy", not "bin"; '
+                           'use saved_data "tensor" with "bin"')
+    if op in (3, 4):
+        if d["saved_data"] != "tensor":
+            fail("saved_data", f'must be "tensor" when {names.get("op_debug_mode", "op_debug_mode")} is {op} '
+                               "(statistic dump needs op_debug_mode 0)")
+        if d["sample_mode"] != 0:
+            fail("sample_mode", f'must be 0 when {names.get("op_debug_mode", "op_debug_mode")} is {op} '
+                                "(sample dump needs op_debug_mode 0)")
+        out["dump_mode"] = 0                      # overflow/exception dump ignores the kernel selection
+    if op == 3 and d["input_output"] != 0:
+        fail("input_output", f'must be 0 when {names.get("op_debug_mode", "op_debug_mode")} is 3 '
+                             "(overflow dump saves inputs and outputs)")
+    if op == 4:
+        if d["input_output"] == 2:
+            fail("input_output", f'must be 1 (or 0) when {names.get("op_debug_mode", "op_debug_mode")} is 4 '
+                                 "(exception dump saves only inputs)")
+        out["input_output"] = 1
+        out["iteration"] = IterationSpec(all=True)
+    if op == 0 and d["dump_mode"] == 1 and not d["kernels"]:
+        fail("kernels", f'must name at least one kernel when {names.get("dump_mode", "dump_mode")} is 1')
+    return out
