@@ -1,0 +1,88 @@
+"""Operator full names shared by both capture front-ends (SPEC §4).
+
+full name = scope + ``/`` + ``<OpType>-op<N>``; scope ``Default/<Root>/<name-Class>/…``
+for forward operators, ``Gradients/<forward scope>`` for backward ones.
+"""
+from __future__ import annotations
+
+import re
+from typing import Iterable, List, Optional, Sequence, Tuple
+
+from .op_info import SourceLine
+
+_ROOT_PREFIX = re.compile(r"^L\['[^']*'\]")
+_GETATTR = re.compile(r"getattr\((.*),\s*'([^']*)'\)")
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>[^\n]+)\n(?P<code>[^\n]*)')
+
+
+def op_type_of(target) -> Tuple[str, str]:
+    """(op type, overload) of an ATen OpOverload: ``aten.convolution.default`` → (convolution, default)."""
+    name = getattr(target, "_opname", None) or getattr(target, "__name__", str(target)).split(".")[0]
+    overload = getattr(target, "_overloadname", "default")
+    return str(name), str(overload)
+
+
+def _clean_path(path: str) -> str:
+    """``L['self'].features.0.conv`` → ``features.0.conv``; the root alone → ``""``."""
+    while True:
+        m = _GETATTR.search(path)
+        if not m:
+            break
+        path = path[: m.start()] + f"{m.group(1)}.{m.group(2)}" + path[m.end():]
+    path = _ROOT_PREFIX.sub("", path)
+    path = path.replace("._modules['", ".").replace("']", "").replace("['", ".")
+    return path.lstrip(".")
+
+
+def module_scope(stack: Sequence[Tuple[str, str]], root_class: Optional[str]) -> str:
+    """Scope from (module path, class name) pairs, outermost first.
+
+    Each module contributes ``name-Class`` where name is its path relative to the
+    enclosing module on the stack; the root contributes its class name alone.
+    """
+    parts: List[str] = []
+    prev = ""
+    root = root_class
+    for raw_path, cls in stack:
+        path = _clean_path(raw_path)
+        if path == "":
+            root = root or cls
+            continue
+        rel = path[len(prev) + 1:] if prev and path.startswith(prev + ".") else path
+        parts.append(f"{rel}-{cls}")
+        prev = path
+    head = ["Default"] + ([root] if root else [])
+    return "/".join(head + parts)
+
+
+def backward_scope(forward_scope: str) -> str:
+    return f"Gradients/{forward_scope}"
+
+
+def parse_stack_trace(stack_trace: Optional[str]) -> Tuple[SourceLine, ...]:
+    """Frames of an FX ``stack_trace`` string, outermost first."""
+    if not stack_trace:
+        return ()
+    return tuple(
+        SourceLine(m.group("file"), int(m.group("line")), m.group("code").strip(), m.group("func").strip())
+        for m in _FRAME.finditer(stack_trace)
+    )
+
+
+def class_name(cls) -> str:
+    return getattr(cls, "__name__", None) or str(cls).rsplit(".", 1)[-1].rstrip("'>")
+
+
+def stack_pairs(nn_module_stack) -> Tuple[Tuple[str, str], ...]:
+    """FX ``nn_module_stack`` meta (dict key → (path, class)) as (path, class name) pairs."""
+    if not nn_module_stack:
+        return ()
+    return tuple((str(v[0]), class_name(v[1])) for v in nn_module_stack.values())
+
+
+def stack_ids(nn_module_stack) -> Tuple[str, ...]:
+    return tuple(str(k) for k in (nn_module_stack or {}).keys())
+
+
+def format_args(values: Iterable) -> str:
+    return ", ".join(values)

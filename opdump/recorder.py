@@ -1,0 +1,210 @@
+"""The recorder: where both capture front-ends hand over tensors.
+
+It turns "operator X produced tensor T" into writer jobs: an exact copy of T
+(a memcpy on CPU, an asynchronous D2H copy into pinned memory on CUDA), a
+``.npy`` file and/or a statistic.csv row.  Statistics computed on the device are
+launched here without a sync and collected once per graph call / flush.
+Everything per-operator that can be computed ahead (names, folders, selection)
+is in :class:`~opdump.capture.op_info.OpInfo`.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+import warnings
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from .capture.op_info import OpInfo
+from .write.atomic import atomic_save_npy, atomic_write_bytes
+from .write.dtypes import dtype_name, to_numpy
+from .write.names import parameter_file_name, sanitize, tensor_file_name
+
+
+class _Clock:
+    """Microsecond timestamps, strictly increasing so that every file name is unique."""
+
+    def __init__(self):
+        self._last = 0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> int:
+        now = time.time_ns() // 1000
+        with self._lock:
+            if now <= self._last:
+                now = self._last + 1
+            self._last = now
+        return now
+
+
+def _copy_out(t: torch.Tensor, trans_flag: bool) -> Tuple[torch.Tensor, Any, str]:
+    """An exact, contiguous host copy of ``t`` (plus a CUDA event to wait on, and the format)."""
+    fmt = "DefaultFormat"
+    t = t.detach()
+    if (not trans_flag and t.dim() == 4 and not t.is_contiguous()
+            and t.is_contiguous(memory_format=torch.channels_last)):
+        t = t.permute(0, 2, 3, 1)
+        fmt = "NHWC"
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    if t.device.type == "cpu":
+        return t.clone(memory_format=torch.contiguous_format), None, fmt
+    buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=torch.cuda.is_available())
+    buf.copy_(t, non_blocking=True)
+    event = None
+    if t.device.type == "cuda":
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(t.device))
+    return buf, event, fmt
+
+
+def stream_id_of(t: torch.Tensor) -> int:
+    if t.device.type == "cuda":
+        return int(torch.cuda.current_stream(t.device).stream_id)
+    return 0
+
+
+class _PendingRows:
+    """statistic.csv rows of one folder, waiting for their device values / host cells."""
+
+    def __init__(self, folder: str):
+        self.folder = folder
+        self.rows: List[Tuple[List[str], Optional[int], Any]] = []
+
+
+class Recorder:
+    def __init__(self, session):
+        self.session = session
+        cfg = session.config
+        self.config = cfg
+        self.writer = session.writer
+        self.clock = _Clock()
+        self.stats = None
+        if cfg.dump_statistics:
+            from .stats import StatsEngine
+            self.stats = StatsEngine(cfg)
+        self._pending: Dict[str, _PendingRows] = {}
+        self._csv: Dict[str, StatisticCsv] = {}
+        self._kernel_args_done: set = set()
+        self._lock = threading.RLock()
+        self._warned: set = set()
+        self.tensors_recorded = 0
+
+    # ------------------------------------------------------------------ tensors
+    def record(self, folder: str, op: OpInfo, io: str, slot: int, tensor: torch.Tensor) -> None:
+        """Dump one input/output tensor of ``op`` into ``folder`` (an iteration folder)."""
+        if not isinstance(tensor, torch.Tensor) or self._unsupported(tensor):
+            return
+        self._record(folder, op.op_type, op.full_name, io, slot, tensor)
+
+    def record_parameter(self, folder: str, name: str, tensor: torch.Tensor) -> None:
+        if not isinstance(tensor, torch.Tensor) or self._unsupported(tensor):
+            return
+        self._record(folder, "Parameter", name, "output", 0, tensor, parameter=True)
+
+    def _record(self, folder, op_type, op_name, io, slot, tensor, parameter=False) -> None:
+        cfg = self.config
+        ts = self.clock()
+        stream = stream_id_of(tensor)
+        dtype = dtype_name(tensor.dtype)
+        want_file = cfg.dump_tensors
+        stats = self.stats
+        device_handle = None
+        if stats is not None:
+            device_handle = stats.device_launch(tensor)
+        need_copy = want_file or (stats is not None and stats.needs_host_copy)
+        host_future = None
+        if need_copy:
+            nbytes = tensor.numel() * tensor.element_size()
+            self.writer.reserve(nbytes)
+            try:
+                buf, event, fmt = _copy_out(tensor, cfg.trans_flag)
+            except BaseException:
+                self.writer.release(nbytes)
+                raise
+            if want_file:
+                if parameter:
+                    name = parameter_file_name(op_name, ts, dtype)
+                else:
+                    name = tensor_file_name(op_type, op_name, 0, stream, ts, io, slot, fmt, dtype)
+            else:
+                name = None
+            host_future = self.writer.submit(
+                lambda: self._write_job(folder, name, buf, event), nbytes, reserved=True)
+        self.tensors_recorded += 1
+        if stats is not None:
+            from .stats import format_shape
+            prefix = [op_type, op_name, "0", str(stream), str(ts), io, str(slot),
+                      str(tensor.numel() * tensor.element_size()), dtype, format_shape(tuple(tensor.shape))]
+            with self._lock:
+                pending = self._pending.get(folder)
+                if pending is None:
+                    pending = self._pending[folder] = _PendingRows(folder)
+                pending.rows.append((prefix, device_handle, host_future))
+
+    def _write_job(self, folder: str, name: Optional[str], buf: torch.Tensor, event) -> Optional[Dict[str, str]]:
+        if event is not None:
+            event.synchronize()
+        if name is not None:
+            path = self.session.layout.place(folder, name)
+            array = to_numpy(buf)
+            atomic_save_npy(path, array)
+            self.writer.count(array.nbytes)
+        if self.stats is not None and self.stats.needs_host_copy:
+            return self.stats.host_cells(buf)
+        return None
+
+    def _unsupported(self, tensor: torch.Tensor) -> bool:
+        reason = None
+        if tensor.is_sparse or tensor.layout != torch.strided:
+            reason = f"layout {tensor.layout}"
+        elif tensor.device.type == "meta":
+            reason = "meta tensors"
+        elif type(tensor) is not torch.Tensor and not isinstance(tensor, torch.nn.Parameter):
+            reason = f"tensor subclass {type(tensor).__name__}"
+        if reason is None:
+            return False
+        if reason not in self._warned:
+            self._warned.add(reason)
+            warnings.warn(f"opdump: {reason} are not dumped", RuntimeWarning, stacklevel=3)
+        return True
+
+    # ------------------------------------------------------------------ kernel args
+    def record_kernel_args(self, folder: str, op: OpInfo) -> None:
+        key = (folder, op.full_name)
+        if key in self._kernel_args_done:
+            return
+        self._kernel_args_done.add(key)
+        path = self.session.layout.place(folder, f"{sanitize(op.op_type)}.{sanitize(op.full_name)}.json")
+        data = json.dumps({k: str(v) for k, v in op.args.items()}, indent=2).encode()
+        self.writer.submit(lambda: atomic_write_bytes(path, data))
+
+    # ------------------------------------------------------------------ flushing
+    def flush_statistics(self) -> None:
+        """Collect device statistics (one sync) and queue the statistic.csv rows."""
+        if self.stats is None:
+            return
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        if not pending:
+            return
+        device_values = self.stats.device_collect()
+        for folder, rows in pending.items():
+            csv = self._csv.get(folder)
+            if csv is None:
+                from .write.statistic_csv import StatisticCsv
+                csv = self._csv[folder] = StatisticCsv(
+                    self.session.layout.place(folder, "statistic.csv"), self.config.statistic_category)
+            batch = [(prefix, None if h is None else device_values[h], fut) for prefix, h, fut in rows.rows]
+            self.writer.submit(lambda csv=csv, batch=batch: self._write_rows(csv, batch))
+
+    def _write_rows(self, csv: StatisticCsv, batch) -> None:
+        rows = []
+        for prefix, dev, fut in batch:
+            host = fut.result() if fut is not None else None
+            rows.append(prefix + self.stats.row_cells(dev, host))
+        csv.append_rows(rows)

@@ -1,0 +1,1 @@
+"""Writing: the on-disk layout, file formats, and the background writer."""

@@ -1,0 +1,90 @@
+"""Where every file of a dump goes: the MindSpore CPU/GPU layout (seed 000, SPEC §5).
+
+```
+{path}/rank_{rank}/.dump_metadata/{data_dump.json,config.json,manifest.json}
+{path}/rank_{rank}/{net_name}/{graph_id}/{iteration}/<tensor files>, statistic.csv, mapping.csv
+{path}/rank_{rank}/{net_name}/{graph_id}/constants/
+{path}/rank_{rank}/graphs/ms_output_trace_code_graph_{graph_id}.{ir,json}
+{path}/rank_{rank}/execution_order/ms_{global_,}execution_order_graph_{graph_id}.csv
+```
+Every path is built from sanitized parts and checked to stay under the root.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+from typing import Dict
+
+from .atomic import atomic_write_bytes
+from .names import sanitize, too_long
+
+
+class Layout:
+    def __init__(self, root: str, rank: int, net_name: str):
+        self.root = os.path.abspath(root)
+        self.rank = int(rank)
+        self.rank_dir = os.path.join(self.root, f"rank_{self.rank}")
+        self.net_dir = os.path.join(self.rank_dir, sanitize(net_name))
+        self._made: set = set()
+        self._lock = threading.Lock()
+        self._mapped: Dict[tuple, str] = {}
+
+    # -- folders
+    def _dir(self, path: str) -> str:
+        if path not in self._made:
+            real = os.path.realpath(path)
+            if not (real == self.root or real.startswith(os.path.realpath(self.root) + os.sep)):
+                raise ValueError(f"opdump refuses to write outside the dump root: {path}")
+            os.makedirs(path, exist_ok=True)
+            self._made.add(path)
+        return path
+
+    @property
+    def metadata_dir(self) -> str:
+        return self._dir(os.path.join(self.rank_dir, ".dump_metadata"))
+
+    @property
+    def graphs_dir(self) -> str:
+        return self._dir(os.path.join(self.rank_dir, "graphs"))
+
+    @property
+    def execution_order_dir(self) -> str:
+        return self._dir(os.path.join(self.rank_dir, "execution_order"))
+
+    def iteration_dir(self, graph_id: int, iteration: int) -> str:
+        return self._dir(os.path.join(self.net_dir, str(int(graph_id)), str(int(iteration))))
+
+    def constants_dir(self, graph_id: int) -> str:
+        return self._dir(os.path.join(self.net_dir, str(int(graph_id)), "constants"))
+
+    # -- graph-level files
+    def ir_path(self, graph_id: int, ext: str = "ir") -> str:
+        return os.path.join(self.graphs_dir, f"ms_output_trace_code_graph_{int(graph_id)}.{ext}")
+
+    def execution_order_path(self, graph_id: int) -> str:
+        return os.path.join(self.execution_order_dir, f"ms_execution_order_graph_{int(graph_id)}.csv")
+
+    def global_execution_order_path(self, graph_id: int) -> str:
+        return os.path.join(self.execution_order_dir, f"ms_global_execution_order_graph_{int(graph_id)}.csv")
+
+    # -- file names over 255 bytes
+    def place(self, folder: str, file_name: str) -> str:
+        """The full path of ``file_name`` in ``folder``; a name over 255 bytes is replaced
+        by random digits (keeping the extension) and recorded in ``mapping.csv``."""
+        if not too_long(file_name):
+            return os.path.join(folder, file_name)
+        key = (folder, file_name)
+        with self._lock:
+            mapped = self._mapped.get(key)
+            if mapped is None:
+                ext = file_name.rsplit(".", 1)[-1]
+                mapped = f"{secrets.randbelow(10 ** 18):018d}{secrets.randbelow(10 ** 18):018d}.{ext}"
+                self._mapped[key] = mapped
+                line = f"{mapped},{file_name}\n".encode("utf-8")
+                with open(os.path.join(folder, "mapping.csv"), "ab") as f:
+                    f.write(line)
+        return os.path.join(folder, mapped)
+
+    def write_small(self, path: str, data: bytes) -> None:
+        atomic_write_bytes(path, data)
