@@ -5,6 +5,24 @@ optional third section.  Fields are tables (one line per field); what depends on
 several fields is in :mod:`.rules`.  Every field is optional: a missing one takes
 the :class:`DumpConfig` default (the seed's default), ``path`` falls back to
 ``$OPDUMP_DIAGNOSTIC_DATA_PATH/debug_dump`` like MindSpore's ``MS_DIAGNOSTIC_DATA_PATH``.
+
+Decisions (README config reference):
+
+* ``path``: absolute; ASCII letters, digits, ``_ - . /`` only (MindSpore's set
+  plus ``.``), so spaces, ``$``, ``~``, NUL, newlines and non-ASCII are refused;
+  normalised with ``os.path.normpath``.  ``net_name``: one directory name of
+  letters, digits, ``_ - .`` (not ``.``/``..``).
+* ``e2e_dump_settings.enable`` false is a valid config, recorded as
+  ``enable=False``; the runtime treats it as "dump off" (nothing is written).
+  A missing ``e2e_dump_settings`` means enabled, as on MindSpore CPU/GPU.
+* ``op_debug_mode`` 4 (exception dump) saves inputs of every iteration:
+  ``input_output`` 0 becomes 1 (2 is an error), ``iteration`` becomes "all"
+  and ``dump_mode`` 0, as MindSpore does.  ``op_debug_mode`` 3 and 4 ignore
+  ``dump_mode`` (set to 0) and need ``saved_data`` "tensor" and ``sample_mode`` 0.
+* ``overflow_number`` is accepted with any ``op_debug_mode`` (used only by 3);
+  ``kernels`` are validated even when ``dump_mode`` is not 1 (the seed's own
+  example lists one with ``dump_mode`` 0).  List fields refuse duplicates;
+  kernel entries are stripped of outer whitespace.
 """
 from __future__ import annotations
 
