@@ -1,0 +1,1 @@
+"""The ``opdump`` command line: a thin layer over the Python API."""

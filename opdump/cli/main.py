@@ -1,0 +1,50 @@
+"""``opdump`` entry point: ``run`` (the launcher), ``demo``, and the analysis commands."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Optional
+
+from ..version import __version__
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="opdump", description="Dump and analyse PyTorch operator data.")
+    parser.add_argument("--version", action="version", version=f"opdump {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    from . import run as run_cmd
+    run_cmd.register(sub)
+    from . import demo as demo_cmd
+    demo_cmd.register(sub)
+    try:
+        from . import analysis_commands
+    except ImportError as exc:  # the analysis side needs pandas; say so instead of hiding the commands
+        _missing = str(exc)
+        p = sub.add_parser("ls", help="(needs pandas) summarise a dump")
+        p.set_defaults(func=lambda args: _need_analysis(_missing))
+    else:
+        analysis_commands.register(sub)
+    return parser
+
+
+def _need_analysis(reason: str) -> int:
+    print(f"opdump: the analysis commands need pandas ({reason}); pip install 'opdump[analysis]'", file=sys.stderr)
+    return 2
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    # `opdump run` passes everything after the script through untouched.
+    if argv and argv[0] == "run":
+        from .run import main_run
+        return main_run(argv[1:])
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

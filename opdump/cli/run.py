@@ -1,0 +1,110 @@
+"""``opdump run [--config F] script.py args…``: dump an unmodified training script.
+
+The launcher loads and validates the config *before* the script starts (a bad
+config exits with status 2 and one message, no traceback), opens a session,
+makes every ``torch.compile`` of the script go through opdump's backend
+(wrapping the backend, mode and options the script asked for), starts eager
+capture for everything not compiled, runs the script as ``__main__`` with its
+own arguments, and closes the session (flushing every file) even when the
+script raises.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import runpy
+import sys
+from typing import List
+
+from ..config import ConfigError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="run a training script with dumping on",
+                       description="Run SCRIPT with dumping configured by --config or $OPDUMP_CONFIG.")
+    p.add_argument("--config", help="data_dump.json (default: $OPDUMP_CONFIG, alias $MINDSPORE_DUMP_CONFIG)")
+    p.add_argument("--no-eager", action="store_true", help="dump only torch.compile'd models (graph mode)")
+    p.add_argument("-m", dest="module", help="run a module (like python -m) instead of a script")
+    p.add_argument("script", nargs="?", help="the training script")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
+
+
+def _parse(argv: List[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="opdump run")
+    sub = parser.add_subparsers(dest="command")
+    register(sub)
+    args = parser.parse_args(["run", *argv])
+    if not args.script and not args.module:
+        parser.error("a script (or -m module) to run is required")
+    return args
+
+
+def patch_torch_compile(session) -> None:
+    """Route every ``torch.compile`` through opdump, keeping the script's own backend choices."""
+    import torch
+
+    original = torch.compile
+    if getattr(original, "_opdump_patched", False):
+        return
+
+    @functools.wraps(original)
+    def compile_with_dump(model=None, *, backend="inductor", mode=None, options=None, dynamic=None, **kwargs):
+        if model is None:
+            return lambda m: compile_with_dump(m, backend=backend, mode=mode, options=options,
+                                               dynamic=dynamic, **kwargs)
+        if backend is None or backend == "inductor":
+            real = torch._TorchCompileInductorWrapper(mode, options, dynamic)
+        elif mode is not None or options is not None:
+            real = torch._TorchCompileWrapper(backend, mode, options, dynamic)
+        else:
+            real = backend
+        return original(model, backend=session.backend(real), dynamic=dynamic, **kwargs)
+
+    compile_with_dump._opdump_patched = True
+    torch.compile = compile_with_dump
+
+
+def main_run(argv: List[str]) -> int:
+    args = _parse(argv)
+    from ..session import Session
+    try:
+        session = Session(args.config)
+    except ConfigError as exc:
+        print(f"opdump: invalid config: {exc}", file=sys.stderr)
+        return 2
+    for warning in _start_warnings(session):
+        print(f"opdump: {warning}", file=sys.stderr)
+    eager = None
+    with session:
+        patch_torch_compile(session)
+        if not args.no_eager:
+            try:
+                from ..capture.eager import EagerCapture
+            except ImportError:
+                EagerCapture = None
+            if EagerCapture is not None:
+                eager = EagerCapture(session)
+                eager.start()
+        try:
+            if args.module:
+                sys.argv = [args.module, *args.args]
+                runpy.run_module(args.module, run_name="__main__", alter_sys=True)
+            else:
+                script = os.path.abspath(args.script)
+                sys.argv = [script, *args.args]
+                sys.path.insert(0, os.path.dirname(script))
+                runpy.run_path(script, run_name="__main__")
+        except SystemExit as exc:
+            code = exc.code
+            return code if isinstance(code, int) else (0 if code is None else 1)
+        finally:
+            if eager is not None:
+                eager.stop()
+    return 0
+
+
+def _start_warnings(session) -> List[str]:
+    stats = session.recorder.stats
+    warning = stats.fallback_warning() if stats is not None and hasattr(stats, "fallback_warning") else None
+    return [warning] if warning else []

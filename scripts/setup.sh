@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# One-time (idempotent) set-up on a fresh machine: a virtual environment in .venv
+# with the pinned CPU build of torch, opdump itself (editable) and the test tools.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+if ! .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null; then
+  # Pinned: an unpinned torch would pull the CUDA build (gigabytes).
+  .venv/bin/python -m pip install -q "torch==2.13.0"
+fi
+.venv/bin/python -m pip install -q -e ".[test]"
