@@ -1,0 +1,196 @@
+"""Device statistics (run on CPU tensors here; on CUDA when available) against the host path."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+from hypothesis.extra import numpy as hnp
+
+from opdump.stats import CATEGORIES, DeviceStatsBatch, lookup
+from opdump.stats.formatting import format_cell
+from opdump.stats.host import reduce_tensor
+
+DEVICE_CATS = [c for c in CATEGORIES if lookup(c).device_capable]
+NAN, INF = float("nan"), float("inf")
+#: documented agreement of device avg/l2norm with the host's float64 results
+HIGH_REL = {"cpu": 1e-12, "cuda": 1e-5}
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+TENSORS = {
+    "f32_special": torch.tensor([1.0, -2.0, 0.0, -0.0, NAN, INF, -INF, 0.1]),
+    "f32_plain": torch.linspace(-3, 5, 1001).reshape(7, 11, 13),
+    "f64": torch.tensor([1e-300, -4.0, 2.5], dtype=torch.float64),
+    "f16": (torch.arange(-50, 50, dtype=torch.float32) / 3).to(torch.float16),
+    "f16_inf": torch.tensor([1.0, INF, -3.0]).to(torch.float16),
+    "bf16": (torch.arange(-50, 50, dtype=torch.float32) / 3).to(torch.bfloat16).reshape(10, 10),
+    "bf16_nan": torch.tensor([1.0, NAN]).to(torch.bfloat16),
+    "only_inf": torch.tensor([INF, -INF]),
+    "zero_dim": torch.tensor(-1.25),
+    "int8": torch.tensor([-128, 0, 5, 127], dtype=torch.int8),
+    "int64": torch.tensor([-(2**62), 0, 17, 2**62], dtype=torch.int64),
+    "uint8": torch.tensor([0, 255, 3], dtype=torch.uint8),
+    "uint16": torch.tensor([0, 65535, 3], dtype=torch.uint16),
+    "bool": torch.tensor([True, False, True]),
+    "empty": torch.empty(3, 0),
+    "complex": torch.tensor([1 + 1j]),
+}
+if hasattr(torch, "float8_e4m3fn"):
+    TENSORS["f8_e4m3fn"] = torch.tensor([1.0, -2.0, 0.0, 0.1, 448.0, NAN]).to(torch.float8_e4m3fn)
+if hasattr(torch, "float8_e5m2"):
+    TENSORS["f8_e5m2"] = torch.tensor([1.0, -2.0, INF, -INF, NAN]).to(torch.float8_e5m2)
+
+
+def host_values(t):
+    return reduce_tensor(t.cpu(), [lookup(c).host for c in DEVICE_CATS])
+
+
+def agree(name, dev_value, host_value, rel):
+    if host_value is None:
+        assert dev_value is None, name
+        return
+    assert dev_value is not None, name
+    h, d = float(host_value), float(dev_value)
+    if math.isnan(h):
+        assert math.isnan(d), name
+    elif name in ("avg", "l2norm"):
+        assert d == pytest.approx(h, rel=rel, abs=0), (name, d, h)
+    else:
+        assert d == h, (name, d, h)         # elements and counts: exact
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_every_tensor_agrees_with_host(device):
+    batch = DeviceStatsBatch(DEVICE_CATS, "high")
+    names = sorted(TENSORS)
+    handles = {n: batch.add(TENSORS[n].to(device)) for n in names}
+    values = batch.collect()
+    assert len(values) == len(names)
+    for n in names:
+        row = values[handles[n]]
+        assert len(row) == len(DEVICE_CATS)
+        for cat, d, h in zip(DEVICE_CATS, row, host_values(TENSORS[n])):
+            agree(f"{n}/{cat}", d, h, HIGH_REL[device])
+        if n not in ("complex",):
+            # formatted cells are identical for everything but float round-off in avg/l2norm
+            for cat, d, h in zip(DEVICE_CATS, row, host_values(TENSORS[n])):
+                if cat not in ("avg", "l2norm"):
+                    kind = lookup(cat).kind
+                    assert format_cell(kind, d, TENSORS[n].dtype) == format_cell(kind, h, TENSORS[n].dtype)
+
+
+def test_special_values_on_device():
+    batch = DeviceStatsBatch(["max", "min", "finite max", "finite min", "nan count",
+                              "positive inf count", "negative inf count", "zero count",
+                              "negative zero count", "positive zero count", "count"])
+    i = batch.add(TENSORS["f32_special"])
+    j = batch.add(TENSORS["only_inf"])
+    k = batch.add(TENSORS["empty"])
+    c = batch.add(TENSORS["complex"])
+    v = batch.collect()
+    assert [x if not (isinstance(x, float) and math.isnan(x)) else "nan" for x in v[i]] == \
+        ["nan", "nan", 1.0, -2.0, 1, 1, 1, 2, 3, 3, 8]
+    assert v[j][:4] == [INF, -INF, None, None]
+    assert v[k] == [None, None, None, None, 0, 0, 0, 0, 0, 0, 0]
+    assert v[c] == [None] * 11
+
+
+def test_integer_results_are_exact_int():
+    batch = DeviceStatsBatch(["max", "min", "count"])
+    i = batch.add(torch.tensor([2**62 + 1, -(2**62) - 3], dtype=torch.int64))
+    b = batch.add(torch.tensor([True, False]))
+    v = batch.collect()
+    assert v[i] == [2**62 + 1, -(2**62) - 3, 2]
+    assert all(type(x) is int for x in v[i])
+    assert v[b] == [1, 0, 2]
+
+
+def test_no_host_transfer_per_tensor(monkeypatch):
+    """add() never syncs: no .cpu()/.item()/.tolist()/.numpy(); collect() does ONE .cpu() per device."""
+    calls = {"cpu": 0}
+    real_cpu = torch.Tensor.cpu
+
+    def forbidden(*a, **k):
+        raise AssertionError("host transfer during add()")
+
+    batch = DeviceStatsBatch(DEVICE_CATS, "high")
+    with monkeypatch.context() as m:
+        for meth in ("cpu", "item", "tolist", "numpy"):
+            m.setattr(torch.Tensor, meth, forbidden)
+        for t in TENSORS.values():
+            batch.add(t)
+
+    def counting_cpu(self, *a, **k):
+        calls["cpu"] += 1
+        return real_cpu(self, *a, **k)
+
+    monkeypatch.setattr(torch.Tensor, "cpu", counting_cpu)
+    values = batch.collect()
+    assert calls["cpu"] == 1                       # all tensors are on the CPU device here
+    assert len(values) == len(TENSORS)
+
+
+def test_few_kernels_per_tensor():
+    """Default categories: aminmax + vector_norm only (the stacking happens once in collect)."""
+    from torch.profiler import ProfilerActivity, profile
+    t = torch.randn(1000)
+    batch = DeviceStatsBatch(["max", "min", "l2norm"], "high")
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        batch.add(t)
+    ops = [e.name for e in prof.events() if e.name.startswith("aten::")]
+    top = {"aten::aminmax", "aten::linalg_vector_norm"}
+    assert top <= set(ops)
+    assert ops.count("aten::aminmax") == 1 and ops.count("aten::linalg_vector_norm") == 1
+    assert "aten::stack" not in ops and "aten::_local_scalar_dense" not in ops
+
+
+def test_clear_and_reuse():
+    batch = DeviceStatsBatch(["max"])
+    batch.add(torch.tensor([1.0]))
+    batch.clear()
+    assert batch.collect() == []
+    assert batch.add(torch.tensor([5.0])) == 0
+    assert batch.collect() == [[5.0]]
+
+
+def test_precision_modes():
+    big = torch.full((4,), 60000.0, dtype=torch.float16)
+    hi, lo = DeviceStatsBatch(["l2norm", "avg"], "high"), DeviceStatsBatch(["l2norm", "avg"], "low")
+    hi.add(big)
+    lo.add(big)
+    (l2_hi, avg_hi), = hi.collect()
+    (l2_lo, avg_lo), = lo.collect()
+    assert l2_hi == pytest.approx(120000.0, rel=1e-6) and avg_hi == 60000.0
+    assert l2_lo == INF                            # documented fp16 overflow in "low"
+    assert avg_lo == 60000.0
+    # low mode on well-scaled data stays within the dtype's precision
+    x = (torch.arange(1, 101, dtype=torch.float32) / 100).to(torch.bfloat16)
+    lo.clear()
+    lo.add(x)
+    (l2, avg), = lo.collect()
+    ref = float(torch.linalg.vector_norm(x.double()))
+    assert l2 == pytest.approx(ref, rel=2**-7)
+
+
+def test_rejects_host_only_category_and_bad_precision():
+    with pytest.raises(ValueError, match="md5"):
+        DeviceStatsBatch(["max", "md5"])
+    with pytest.raises(ValueError):
+        DeviceStatsBatch(["max"], "medium")
+
+
+@settings(max_examples=40, deadline=None)
+@given(hnp.arrays(dtype=st.sampled_from([np.float32, np.float16]),
+                  shape=hnp.array_shapes(min_dims=0, max_dims=2, min_side=0, max_side=8),
+                  elements=st.floats(allow_nan=True, allow_infinity=True, width=16)),
+       st.booleans())
+def test_random_device_matches_host(arr, bf16):
+    t = torch.from_numpy(arr.copy())
+    if bf16:
+        t = t.to(torch.bfloat16)
+    batch = DeviceStatsBatch(DEVICE_CATS, "high")
+    batch.add(t)
+    [row] = batch.collect()
+    for cat, d, h in zip(DEVICE_CATS, row, host_values(t)):
+        agree(cat, d, h, 1e-12)
