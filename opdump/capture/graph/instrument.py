@@ -88,11 +88,11 @@ def _tap_outputs(rid: int, index: int, value) -> None:
         return
     op = rt.ops[index]
     record = rt.recorder.record
-    slot = 0
-    for t in pytree.tree_leaves(value):
+    # Output slots are positions among the output's leaves, so a None output
+    # (e.g. convolution_backward's grad_input of a first layer) keeps its slot.
+    for slot, t in enumerate(pytree.tree_leaves(value)):
         if isinstance(t, torch.Tensor):
             record(rt.folder, op, "output", slot, t)
-            slot += 1
 
 
 def instrument(gm: fx.GraphModule, runtime: GraphRuntime, nodes: Sequence[fx.Node],
