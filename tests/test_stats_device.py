@@ -47,6 +47,7 @@ def host_values(t):
 
 
 def agree(name, dev_value, host_value, rel):
+    cat = name.rsplit("/", 1)[-1]
     if host_value is None:
         assert dev_value is None, name
         return
@@ -54,7 +55,7 @@ def agree(name, dev_value, host_value, rel):
     h, d = float(host_value), float(dev_value)
     if math.isnan(h):
         assert math.isnan(d), name
-    elif name in ("avg", "l2norm"):
+    elif cat in ("avg", "l2norm"):
         assert d == pytest.approx(h, rel=rel, abs=0), (name, d, h)
     else:
         assert d == h, (name, d, h)         # elements and counts: exact
@@ -90,7 +91,7 @@ def test_special_values_on_device():
     c = batch.add(TENSORS["complex"])
     v = batch.collect()
     assert [x if not (isinstance(x, float) and math.isnan(x)) else "nan" for x in v[i]] == \
-        ["nan", "nan", 1.0, -2.0, 1, 1, 1, 2, 3, 3, 8]
+        ["nan", "nan", 1.0, -2.0, 1, 1, 1, 2, 2, 3, 8]
     assert v[j][:4] == [INF, -INF, None, None]
     assert v[k] == [None, None, None, None, 0, 0, 0, 0, 0, 0, 0]
     assert v[c] == [None] * 11

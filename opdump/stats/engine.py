@@ -1,0 +1,124 @@
+"""The statistics engine: decides, per category, host or device, and assembles rows.
+
+* ``stat_calc_mode: "host"``: every category is computed on the host, from the
+  CPU copy of the tensor that the capture side makes (:meth:`StatsEngine.host_cells`).
+* ``stat_calc_mode: "device"``: the device-capable categories (all but
+  ``md5``) are launched on the tensor's device (:meth:`StatsEngine.device_launch`)
+  and gathered with one copy per device (:meth:`StatsEngine.device_collect`);
+  the others fall back to the host, and :meth:`StatsEngine.fallback_warning`
+  names them once.  When nothing falls back, :attr:`StatsEngine.needs_host_copy`
+  is False and the capture side must not copy tensors to the host for statistics.
+
+Usage by the capture side::
+
+    engine = StatsEngine(config)
+    h = engine.device_launch(tensor)                 # no sync; None if nothing on device
+    host = engine.host_cells(cpu_copy) if engine.needs_host_copy else None   # writer thread
+    ...
+    dev = engine.device_collect()                    # once per flush: one sync per device
+    cells = engine.row_cells(None if h is None else dev[h], host)
+"""
+from __future__ import annotations
+
+import threading
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+from .categories import lookup, statistic_header
+from .device import PRECISIONS, DeviceStatsBatch
+from .formatting import format_cell
+from .host import reduce_tensor
+
+MODES = ("host", "device")
+
+
+class StatsEngine:
+    def __init__(self, config=None, *, categories: Optional[Sequence[str]] = None,
+                 stat_calc_mode: Optional[str] = None, precision: Optional[str] = None):
+        """From a :class:`~opdump.config.model.DumpConfig`, or the three settings as keywords."""
+        if categories is None:
+            categories = config.statistic_category
+        if stat_calc_mode is None:
+            stat_calc_mode = config.stat_calc_mode if config is not None else "host"
+        if precision is None:
+            precision = config.device_stat_precision_mode if config is not None else "high"
+        if stat_calc_mode not in MODES:
+            raise ValueError(f"stat_calc_mode must be one of {MODES}, got {stat_calc_mode!r}")
+        if precision not in PRECISIONS:
+            raise ValueError(f"device_stat_precision_mode must be one of {PRECISIONS}, got {precision!r}")
+        cats = [lookup(c) for c in categories]
+        self.categories = tuple(c.name for c in cats)
+        self.mode = stat_calc_mode
+        self.precision = precision
+        self._cats = cats
+        on_device = stat_calc_mode == "device"
+        self.device_categories = tuple(c.name for c in cats if on_device and c.device_capable)
+        self.host_categories = tuple(c.name for c in cats if c.name not in self.device_categories)
+        self._host_cats = [lookup(c) for c in self.host_categories]
+        self._batch = DeviceStatsBatch(self.device_categories, precision) if self.device_categories else None
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ plan
+    @property
+    def needs_host_copy(self) -> bool:
+        """True if some category is computed on the host (from a CPU copy of the tensor)."""
+        return bool(self.host_categories)
+
+    def header(self) -> List[str]:
+        return statistic_header(self.categories)
+
+    def fallback_warning(self) -> Optional[str]:
+        """One message for the start of the run when device mode computes some categories on the host."""
+        if self.mode != "device" or not self.host_categories:
+            return None
+        names = ", ".join(repr(c) for c in self.host_categories)
+        return (f"stat_calc_mode 'device': statistic categor{'y' if len(self.host_categories) == 1 else 'ies'} "
+                f"{names} cannot be computed on the device and will be computed on the host "
+                f"(every dumped tensor is copied to the host for them)")
+
+    # ------------------------------------------------------------------ device
+    def device_launch(self, tensor: torch.Tensor) -> Optional[int]:
+        """Launch the device statistics of ``tensor`` (no sync); a handle for :meth:`device_collect`."""
+        if self._batch is None:
+            return None
+        with self._lock:
+            return self._batch.add(tensor)
+
+    def device_collect(self) -> List[Dict[str, str]]:
+        """Formatted device cells (``{category: cell}``) of every launched tensor, indexed by handle.
+
+        One synchronisation per device; the handles are reset afterwards.
+        """
+        if self._batch is None:
+            return []
+        with self._lock:
+            batch = self._batch
+            values = batch.collect()
+            dtypes = [batch.dtype(i) for i in range(len(values))]
+            batch.clear()
+        cats = [lookup(c) for c in self.device_categories]
+        return [{c.name: format_cell(c.kind, v, dt) for c, v in zip(cats, vals)}
+                for vals, dt in zip(values, dtypes)]
+
+    # ------------------------------------------------------------------ host
+    def host_cells(self, cpu_tensor: torch.Tensor) -> Dict[str, str]:
+        """Formatted host cells (``{category: cell}``) of a CPU tensor (thread-safe)."""
+        if not self._host_cats:
+            return {}
+        values = reduce_tensor(cpu_tensor, [c.host for c in self._host_cats])
+        return {c.name: format_cell(c.kind, v, cpu_tensor.dtype) for c, v in zip(self._host_cats, values)}
+
+    # ------------------------------------------------------------------ rows
+    def row_cells(self, device_cells: Optional[Dict[str, str]],
+                  host_cells: Optional[Dict[str, str]]) -> List[str]:
+        """The statistic cells of one row, in config order (missing: empty cell)."""
+        device_cells = device_cells or {}
+        host_cells = host_cells or {}
+        out = []
+        for name in self.categories:
+            cell = device_cells.get(name)
+            if cell is None:
+                cell = host_cells.get(name, "")
+            out.append(cell)
+        return out

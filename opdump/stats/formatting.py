@@ -1,0 +1,113 @@
+"""How statistic values and shapes are written as ``statistic.csv`` cells.
+
+Numbers
+    * integers (counts, and max/min of integer and bool tensors) are written as
+      plain integers: ``0``, ``-3``, ``12``;
+    * floats are written with the *shortest decimal that round-trips*, so that
+      reading a cell back with ``float()`` (or ``np.float32``/``np.float16``)
+      gives exactly the value that was computed:
+
+      - values that are elements of the tensor (``max``, ``min``, ``finite max``,
+        ``finite min``) are written in the precision of the tensor's dtype:
+        float16 with numpy's float16 shortest repr, float32 / bfloat16 / float8
+        with numpy's float32 shortest repr (every bfloat16 and float8 value is
+        exactly a float32), float64 with Python's ``repr``;  e.g. the float32
+        value nearest to 0.1 is written ``0.1``, not ``0.10000000149011612``;
+      - computed values (``avg``, ``l2norm``) are written with Python's
+        ``repr(float)`` of the float64 result;
+      - notation follows Python: positional for 1e-4 <= |x| < 1e16, otherwise
+        scientific (``1e+20``, ``1.5e-07``); a float always shows a ``.`` or an
+        exponent (``3.0``), which tells it apart from an integer;
+      - NaN is written ``nan``, infinities ``inf`` and ``-inf``, negative zero ``-0.0``;
+    * a statistic that does not exist (max of an empty tensor, anything of a
+      complex tensor, ``finite max`` of a tensor without finite element) is an
+      empty cell.
+
+Shapes
+    MindSpore's style (``tensor_stat_dump.cc``): ``(d0,d1,...)`` without spaces;
+    a 1-dim tensor is ``(5)`` (no trailing comma), a 0-dim tensor ``()``.
+    MindSpore always wraps the shape in double quotes; opdump's CSV writer quotes
+    it when it contains a comma (``"(2,3)"``), which every CSV reader parses the
+    same way.
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterable, Optional
+
+import numpy as np
+import torch
+
+#: value precision used to print tensor elements, by torch dtype
+_ELEMENT_NP = {
+    torch.float16: np.float16,
+    torch.float64: np.float64,
+}
+
+
+def element_format_dtype(dtype: torch.dtype):
+    """The numpy float type whose shortest repr prints elements of ``dtype`` exactly."""
+    if dtype in _ELEMENT_NP:
+        return _ELEMENT_NP[dtype]
+    if dtype.is_floating_point:
+        return np.float32           # float32, bfloat16 and all float8 formats
+    return None                     # integers / bool: printed as integers
+
+
+def format_float(value: float, np_type=np.float64) -> str:
+    """Shortest round-trip decimal of ``value`` in the precision ``np_type``."""
+    value = float(value)
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    if np_type is np.float64:
+        return repr(value)
+    # numpy's str() of float16/float32 scalars is the shortest repr that
+    # round-trips in that precision (Dragon4), with Python's notation thresholds.
+    return str(np_type(value))
+
+
+def format_int(value) -> str:
+    return str(int(value))
+
+
+def format_element(value, dtype: torch.dtype) -> str:
+    """A value that is an element of a tensor of ``dtype`` (max, min, finite max/min)."""
+    if value is None:
+        return ""
+    np_type = element_format_dtype(dtype)
+    if np_type is None:
+        return format_int(value)
+    return format_float(value, np_type)
+
+
+def format_computed(value) -> str:
+    """A computed float64 value (avg, l2norm)."""
+    if value is None:
+        return ""
+    return format_float(value, np.float64)
+
+
+def format_count(value) -> str:
+    if value is None:
+        return ""
+    return format_int(value)
+
+
+def format_shape(shape: Iterable[int]) -> str:
+    """``(2,3)``; ``(5)`` for one dimension; ``()`` for a 0-dim tensor (MindSpore style)."""
+    return "(" + ",".join(str(int(d)) for d in shape) + ")"
+
+
+def format_cell(kind: str, value, dtype: Optional[torch.dtype]) -> str:
+    """Format one statistic by its category kind (see :mod:`opdump.stats.categories`)."""
+    if value is None:
+        return ""
+    if kind == "element":
+        return format_element(value, dtype)
+    if kind == "computed":
+        return format_computed(value)
+    if kind == "count":
+        return format_count(value)
+    return str(value)               # "text" (md5 hex digest)

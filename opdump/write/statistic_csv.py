@@ -1,0 +1,111 @@
+"""``statistic.csv``: append-only, one ``write()`` per batch of complete rows.
+
+Crash safety (F38): the rows of a batch are formatted into one bytes object
+first, then appended with ``os.open(O_WRONLY|O_APPEND|O_CREAT)`` and a single
+``os.write``.  A process killed between two batches therefore leaves only whole
+rows: the kernel copies the buffer into the file in one system call, it never
+contains half a row that Python was still assembling.  (A fatal signal during a
+multi-page write, or a power loss, may still cut the *last* line in the page
+cache; readers should ignore a final line without its newline.)  A short write
+(e.g. a signal, or a quota) is continued in a loop with the rest of the same
+bytes.  If a write fails (disk full), the file is truncated back to its size
+before the batch, so the torn tail never stays, and the error is raised.
+
+The header is written, in the same ``write`` as the first rows, when the file
+is empty; re-opening an existing file appends without a second header (and a
+file whose header differs — other categories — is an error rather than a
+mixed table).  Appends to one path are serialised by a per-path lock shared by
+every :class:`StatisticCsv` of the process, so rows of concurrent writer
+threads never interleave.  Quoting is the csv module's (minimal quoting: the
+shape ``(2,3)`` is written ``"(2,3)"`` as MindSpore does); lines end with ``\\n``.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import os
+import threading
+from typing import Dict, Iterable, List, Sequence
+
+from ..stats.categories import statistic_header
+from ..stats.formatting import format_shape
+
+__all__ = ["StatisticCsv", "format_shape", "encode_rows"]
+
+_locks: Dict[str, threading.Lock] = {}
+_locks_guard = threading.Lock()
+
+
+def _lock_for(path: str) -> threading.Lock:
+    key = os.path.realpath(path)
+    with _locks_guard:
+        lock = _locks.get(key)
+        if lock is None:
+            lock = _locks[key] = threading.Lock()
+        return lock
+
+
+def encode_rows(rows: Iterable[Sequence]) -> bytes:
+    """CSV lines (``\\n``-terminated, UTF-8) of ``rows``; None cells become empty."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    for row in rows:
+        w.writerow(["" if c is None else c for c in row])
+    return buf.getvalue().encode("utf-8")
+
+
+class StatisticCsv:
+    """One ``statistic.csv`` file, for the statistic ``categories`` of the config."""
+
+    def __init__(self, path: str, categories: Sequence[str]):
+        self.path = os.fspath(path)
+        self.header: List[str] = statistic_header(categories)
+        self._header_bytes = encode_rows([self.header])
+        self._lock = _lock_for(self.path)
+        self._header_ok = False         # the file's header was written or checked by us
+
+    def append_rows(self, rows: List[Sequence]) -> None:
+        """Append complete rows (each as long as the header) in one write."""
+        rows = list(rows)
+        width = len(self.header)
+        for row in rows:
+            if len(row) != width:
+                raise ValueError(f"statistic.csv row has {len(row)} cells, the header {width}: {list(row)!r}")
+        if not rows:
+            return
+        body = encode_rows(rows)
+        with self._lock:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+            try:
+                start = os.fstat(fd).st_size
+                if start == 0:
+                    data = self._header_bytes + body
+                else:
+                    if not self._header_ok:
+                        self._check_header()
+                    data = body
+                self._write_all(fd, data, start)
+                self._header_ok = True
+            finally:
+                os.close(fd)
+
+    def _check_header(self) -> None:
+        with open(self.path, "rb") as f:
+            first = f.readline(1 << 16)
+        if first != self._header_bytes:
+            raise ValueError(f"{self.path}: existing statistic.csv has another header "
+                             f"({first.decode('utf-8', 'replace').strip()!r}); not appending")
+
+    @staticmethod
+    def _write_all(fd: int, data: bytes, start: int) -> None:
+        view = memoryview(data)
+        try:
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+        except BaseException:
+            try:
+                os.ftruncate(fd, start)
+            except OSError:
+                pass
+            raise

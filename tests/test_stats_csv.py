@@ -1,0 +1,139 @@
+"""statistic.csv writer: header once, whole rows, no interleaving, quoting, failures."""
+import csv
+import errno
+import os
+import threading
+
+import pytest
+
+from opdump.stats import statistic_header
+from opdump.write import statistic_csv as mod
+from opdump.write.statistic_csv import StatisticCsv, format_shape
+
+CATS = ("max", "min", "l2norm")
+WIDTH = len(statistic_header(CATS))
+
+
+def row(op_name="Default/net/Conv-op1", slot=0, shape=(2, 3), extra=("1.0", "-1.0", "2.0")):
+    return ["convolution", op_name, "0", "0", "1700000000000000", "output", str(slot), "24",
+            "Float32", format_shape(shape), *extra]
+
+
+def read(path):
+    with open(path, newline="") as f:
+        return list(csv.reader(f))
+
+
+def test_format_shape():
+    assert format_shape((2, 3)) == "(2,3)"
+    assert format_shape((5,)) == "(5)"
+    assert format_shape(()) == "()"
+    assert format_shape([1, 0, 4]) == "(1,0,4)"
+
+
+def test_header_once_then_rows(tmp_path):
+    p = tmp_path / "statistic.csv"
+    w = StatisticCsv(str(p), CATS)
+    w.append_rows([row(slot=0), row(slot=1)])
+    w.append_rows([row(slot=2)])
+    w.append_rows([])
+    text = p.read_text()
+    assert text.startswith("Op Type,Op Name,Task ID,Stream ID,Timestamp,IO,Slot,Data Size,"
+                           "Data Type,Shape,Max Value,Min Value,L2Norm Value\n")
+    assert text.count("Op Type") == 1 and text.endswith("\n")
+    assert '"(2,3)"' in text                              # shape quoted like MindSpore
+    rows = read(p)
+    assert rows[0] == statistic_header(CATS)
+    assert [r[6] for r in rows[1:]] == ["0", "1", "2"]
+    assert all(len(r) == WIDTH for r in rows)
+    assert rows[1][9] == "(2,3)"
+
+
+def test_reopen_appends_without_second_header(tmp_path):
+    p = str(tmp_path / "statistic.csv")
+    StatisticCsv(p, CATS).append_rows([row(slot=0)])
+    StatisticCsv(p, CATS).append_rows([row(slot=1)])
+    rows = read(p)
+    assert len(rows) == 3 and rows[0][0] == "Op Type" and rows[2][6] == "1"
+
+
+def test_reopen_with_other_categories_refuses(tmp_path):
+    p = str(tmp_path / "statistic.csv")
+    StatisticCsv(p, CATS).append_rows([row()])
+    with pytest.raises(ValueError, match="header"):
+        StatisticCsv(p, ("max",)).append_rows([row(extra=("1.0",))])
+    assert len(read(p)) == 2
+
+
+def test_quoting_round_trips(tmp_path):
+    p = str(tmp_path / "statistic.csv")
+    odd = 'Default/a,b/"quoted"\nop'
+    StatisticCsv(p, CATS).append_rows([row(op_name=odd), row(extra=("nan", "", "inf"))])
+    rows = read(p)
+    assert rows[1][1] == odd
+    assert rows[2][10:] == ["nan", "", "inf"]
+
+
+def test_wrong_width_is_rejected(tmp_path):
+    p = tmp_path / "statistic.csv"
+    with pytest.raises(ValueError):
+        StatisticCsv(str(p), CATS).append_rows([row(), row()[:-1]])
+    assert not p.exists()                     # nothing written: the batch is all or nothing
+
+
+def test_concurrent_appends_never_interleave(tmp_path):
+    p = str(tmp_path / "statistic.csv")
+    threads, batches, per_batch = 8, 40, 5
+
+    def work(tid):
+        w = StatisticCsv(p, CATS)               # one object per thread: the lock is per path
+        for b in range(batches):
+            w.append_rows([row(op_name=f"t{tid}/b{b}", slot=i) for i in range(per_batch)])
+
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    rows = read(p)
+    assert rows[0] == statistic_header(CATS)
+    body = rows[1:]
+    assert len(body) == threads * batches * per_batch
+    assert all(len(r) == WIDTH for r in body)
+    for k in range(0, len(body), per_batch):    # each batch is contiguous and in order
+        group = body[k:k + per_batch]
+        assert len({r[1] for r in group}) == 1
+        assert [r[6] for r in group] == [str(i) for i in range(per_batch)]
+
+
+def test_short_writes_are_continued(tmp_path, monkeypatch):
+    p = str(tmp_path / "statistic.csv")
+    real = os.write
+    monkeypatch.setattr(mod.os, "write", lambda fd, data: real(fd, bytes(data[:7])))
+    StatisticCsv(p, CATS).append_rows([row(slot=0), row(slot=1)])
+    monkeypatch.undo()
+    rows = read(p)
+    assert len(rows) == 3 and rows[2][6] == "1"
+
+
+def test_failed_write_leaves_no_torn_row(tmp_path, monkeypatch):
+    p = str(tmp_path / "statistic.csv")
+    w = StatisticCsv(p, CATS)
+    w.append_rows([row(slot=0)])
+    before = open(p, "rb").read()
+    real = os.write
+    state = {"n": 0}
+
+    def failing(fd, data):
+        state["n"] += 1
+        if state["n"] == 1:
+            return real(fd, bytes(data[:10]))   # half a row reaches the file…
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(mod.os, "write", failing)
+    with pytest.raises(OSError):
+        w.append_rows([row(slot=1)])
+    monkeypatch.undo()
+    assert open(p, "rb").read() == before       # …and is truncated away
+    w.append_rows([row(slot=2)])
+    assert [r[6] for r in read(p)[1:]] == ["0", "2"]
