@@ -1,0 +1,53 @@
+"""Two real ranks (torch.distributed, gloo): each dumps into its own rank_{r} folder,
+and data-parallel replicas dump identical parameters."""
+import os
+import socket
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from dumpfiles import tensor_files
+from conftest import write_config
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank, world, port, cfg):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    import opdump
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    with opdump.Session(cfg) as session:
+        compiled = torch.compile(model, backend=session.backend("eager"))
+        for step in range(2):
+            torch.manual_seed(100 * rank + step)
+            compiled(torch.randn(3, 4)).sum().backward()
+            for p in model.parameters():          # average gradients like DDP does
+                dist.all_reduce(p.grad)
+                p.grad /= world
+            opt.step()
+            opt.zero_grad()
+    dist.destroy_process_group()
+
+
+def test_two_ranks_dump_into_their_own_folders(tmp_path):
+    cfg = write_config(tmp_path, common={"iteration": "1"})
+    mp.spawn(_worker, args=(2, _free_port(), cfg), nprocs=2, join=True)
+    files = tensor_files(str(tmp_path / "dump"))
+    assert {f.rank for f in files} == {0, 1}
+    params = {(f.rank, f.op_name): f.load() for f in files if f.op_type == "Parameter" and "weight" in f.op_name}
+    names = {name for _, name in params}
+    assert names
+    for name in names:   # replicas hold the same parameters after an all-reduced step
+        np.testing.assert_array_equal(params[(0, name)], params[(1, name)])
+    inputs = {f.rank: f.load() for f in files if f.op_name == "inputs0"}
+    assert not np.array_equal(inputs[0], inputs[1]), "each rank saw its own data"
