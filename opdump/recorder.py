@@ -113,9 +113,6 @@ class Recorder:
         dtype = dtype_name(tensor.dtype)
         want_file = cfg.dump_tensors
         stats = self.stats
-        device_handle = None
-        if stats is not None:
-            device_handle = stats.device_launch(tensor)
         need_copy = want_file or (stats is not None and stats.needs_host_copy)
         host_future = None
         if need_copy:
@@ -140,7 +137,10 @@ class Recorder:
             from .stats import format_shape
             prefix = [op_type, op_name, "0", str(stream), str(ts), io, str(slot),
                       str(tensor.numel() * tensor.element_size()), dtype, format_shape(tuple(tensor.shape))]
+            # Launch, append and collect share one lock, so a handle always belongs
+            # to the batch that is collected with its row.
             with self._lock:
+                device_handle = stats.device_launch(tensor)
                 pending = self._pending.get(folder)
                 if pending is None:
                     pending = self._pending[folder] = _PendingRows(folder)
@@ -190,9 +190,9 @@ class Recorder:
             return
         with self._lock:
             pending, self._pending = self._pending, {}
-        if not pending:
-            return
-        device_values = self.stats.device_collect()
+            if not pending:
+                return
+            device_values = self.stats.device_collect()
         for folder, rows in pending.items():
             csv = self._csv.get(folder)
             if csv is None:

@@ -47,4 +47,6 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
 
 def atomic_save_npy(path: str, array: np.ndarray) -> None:
     """``numpy.save`` semantics (no pickle), written atomically."""
-    atomic_write(path, lambda f: np.lib.format.write_array(f, np.ascontiguousarray(array), allow_pickle=False))
+    if not array.flags.c_contiguous:
+        array = array.copy(order="C")      # not np.ascontiguousarray: it turns 0-d arrays into 1-d
+    atomic_write(path, lambda f: np.lib.format.write_array(f, array, allow_pickle=False))
