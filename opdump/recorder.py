@@ -20,7 +20,7 @@ import torch
 from .capture.op_info import OpInfo
 from .write.atomic import atomic_save_npy, atomic_write_bytes
 from .write.dtypes import dtype_name, to_numpy
-from .write.names import parameter_file_name, sanitize, tensor_file_name
+from .write.names import file_stem, parameter_file_name, sanitize, tensor_file_name
 
 
 class _Clock:
@@ -99,14 +99,14 @@ class Recorder:
         """Dump one input/output tensor of ``op`` into ``folder`` (an iteration folder)."""
         if not isinstance(tensor, torch.Tensor) or self._unsupported(tensor):
             return
-        self._record(folder, op.op_type, op.full_name, io, slot, tensor)
+        self._record(folder, op.op_type, op.full_name, io, slot, tensor, stem=op.file_stem)
 
     def record_parameter(self, folder: str, name: str, tensor: torch.Tensor) -> None:
         if not isinstance(tensor, torch.Tensor) or self._unsupported(tensor):
             return
         self._record(folder, "Parameter", name, "output", 0, tensor, parameter=True)
 
-    def _record(self, folder, op_type, op_name, io, slot, tensor, parameter=False) -> None:
+    def _record(self, folder, op_type, op_name, io, slot, tensor, parameter=False, stem=None) -> None:
         cfg = self.config
         ts = self.clock()
         stream = stream_id_of(tensor)
@@ -127,7 +127,7 @@ class Recorder:
                 if parameter:
                     name = parameter_file_name(op_name, ts, dtype)
                 else:
-                    name = tensor_file_name(op_type, op_name, 0, stream, ts, io, slot, fmt, dtype)
+                    name = tensor_file_name(stem or file_stem(op_type, op_name), 0, stream, ts, io, slot, fmt, dtype)
             else:
                 name = None
             host_future = self.writer.submit(

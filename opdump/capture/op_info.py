@@ -4,6 +4,7 @@ enqueues."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Dict, List, Optional, Tuple
 
 
@@ -34,9 +35,15 @@ class OpInfo:
     node_name: str = ""
     arg_text: str = ""                 # inputs as written in the .ir line
 
-    @property
+    @cached_property
     def full_name(self) -> str:
         return f"{self.scope}/{self.op_type}-op{self.index}"
+
+    @cached_property
+    def file_stem(self) -> str:
+        """``{op_type}.{op_name}`` as it starts every file name of this operator (sanitized once)."""
+        from ..write.names import sanitize
+        return f"{sanitize(self.op_type)}.{sanitize(self.full_name)}"
 
     def user_source(self) -> Optional[SourceLine]:
         """The innermost frame of the user's own code (not torch or site-packages)."""

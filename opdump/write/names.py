@@ -20,11 +20,15 @@ def sanitize(name: str) -> str:
     return name or "_"
 
 
-def tensor_file_name(op_type: str, op_name: str, task_id: int, stream_id: int, timestamp: int,
+def tensor_file_name(stem: str, task_id: int, stream_id: int, timestamp: int,
                      io: str, slot: int, fmt: str, dtype: str, ext: str = "npy") -> str:
-    """``{op_type}.{op_name}.{task}.{stream}.{ts}.{io}.{slot}.{format}.{dtype}.npy`` (sanitized parts)."""
-    return (f"{sanitize(op_type)}.{sanitize(op_name)}.{task_id}.{stream_id}.{timestamp}."
-            f"{io}.{slot}.{fmt}.{dtype}.{ext}")
+    """``{stem}.{task}.{stream}.{ts}.{io}.{slot}.{format}.{dtype}.npy``; ``stem`` is
+    ``{op_type}.{op_name}`` already sanitized (see :func:`file_stem`)."""
+    return f"{stem}.{task_id}.{stream_id}.{timestamp}.{io}.{slot}.{fmt}.{dtype}.{ext}"
+
+
+def file_stem(op_type: str, op_name: str) -> str:
+    return f"{sanitize(op_type)}.{sanitize(op_name)}"
 
 
 def parameter_file_name(name: str, timestamp: int, dtype: str, ext: str = "npy") -> str:
