@@ -1,0 +1,168 @@
+"""Helpers shared by overflow, compare and watch: which tensors hold undefined or
+random values (SPEC F30a), chunked reading of memory-mapped arrays, and the
+finiteness of a tensor from its statistics or its data.
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Iterator, Mapping, Optional
+
+import numpy as np
+
+from .reader import is_complex_dtype, is_float_dtype, load_array
+
+__all__ = [
+    "EMPTY_OPS", "OVERWRITE_OPS", "RANDOM_OPS", "base_op_type", "is_garbage", "is_random_op",
+    "iter_chunks", "array_nonfinite", "stats_nonfinite", "is_float_row", "CHUNK_ELEMS",
+]
+
+#: operators whose outputs are uninitialised memory
+EMPTY_OPS = frozenset({
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "empty_permuted",
+    "empty_quantized", "_empty_affine_quantized", "_empty_per_channel_affine_quantized",
+})
+#: operators that overwrite their first argument wholesale: that input holds garbage
+OVERWRITE_OPS = frozenset({
+    "uniform_", "normal_", "fill_", "zero_", "zeros_", "copy_", "bernoulli_", "random_",
+    "exponential_", "geometric_", "cauchy_", "log_normal_", "set_", "resize_", "_copy_from",
+    "copy", "fill", "zero", "_copy_from_and_resize", "uniform",
+})
+#: random operators: differing outputs are nondeterminism, not divergence (torch + MindSpore names)
+RANDOM_OPS = frozenset({
+    "dropout", "native_dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout",
+    "bernoulli", "bernoulli_", "rand", "rand_like", "randn", "randn_like", "randint", "randint_like",
+    "randperm", "normal", "normal_", "uniform", "uniform_", "multinomial", "random_", "exponential_",
+    "geometric_", "cauchy_", "log_normal_", "poisson", "rrelu", "rrelu_with_noise", "_fused_dropout",
+    "native_dropout_backward_random", "_standard_gamma", "binomial", "philox_rand", "seed", "inductor_random",
+    "inductor_seeds", "run_and_save_rng_state",
+    # MindSpore / Ascend spellings
+    "dropoutgenmask", "dropoutdomask", "dropoutgenmaskv3", "statelessdropoutgenmask", "standardnormal",
+    "uniformreal", "uniformint", "randomchoicewithmask", "randomcategorical", "randomstandardnormal",
+    "randomuniform", "truncatednormal", "randomgamma", "randompoisson", "dropout2d", "dropout3d",
+    "dropoutext", "randpermv2", "randint", "randlikeext", "randnlikeext", "randext", "randnext",
+})
+_OVERLOAD_SUFFIX = re.compile(r"_(default|tensor|scalar|int|float|out|self|memory_format|names|dim|"
+                              r"generator|low|like|p|tensor_float|float_tensor|tensor_tensor|from|to)$")
+_RANDOM_NOUS = frozenset(x.replace("_", "") for x in RANDOM_OPS)
+
+
+def base_op_type(op_type: Any) -> str:
+    """Normalised operator type, lower case, overload dropped:
+    ``fill_.Scalar`` / ``fill__Scalar`` -> ``fill_``; ``DropoutGenMask`` -> ``dropoutgenmask``."""
+    t = str(op_type or "")
+    if "." in t:            # aten.fill_.Scalar / fill_.Scalar
+        parts = [p for p in t.split(".") if p and p != "aten"]
+        t = parts[0] if parts else t
+    low = t.lower()
+    known = EMPTY_OPS | OVERWRITE_OPS | RANDOM_OPS
+    if low in known:
+        return low
+    m = _OVERLOAD_SUFFIX.search(low)
+    if m and m.start() > 0 and low[: m.start()] in known:
+        return low[: m.start()]
+    return low
+
+
+def is_random_op(op_type: Any) -> bool:
+    """Random operators (dropout, bernoulli, rand*, normal, uniform, randperm, multinomial …)."""
+    b = base_op_type(op_type)
+    return b in RANDOM_OPS or b.replace("_", "") in _RANDOM_NOUS
+
+
+def is_garbage(op_type: Any, io: str, slot: int) -> bool:
+    """Does this tensor hold undefined values (F30a)? Outputs of ``empty*``; the first input
+    (the destination) of wholesale-overwrite operators."""
+    b = base_op_type(op_type)
+    if io == "output" and b in EMPTY_OPS:
+        return True
+    if io == "input" and int(slot) == 0 and b in OVERWRITE_OPS:
+        return True
+    return False
+
+
+CHUNK_ELEMS = 1 << 22   # 4 Mi elements per chunk: bounded memory on multi-GB tensors
+
+
+def iter_chunks(a: np.ndarray, chunk: int = CHUNK_ELEMS) -> Iterator[np.ndarray]:
+    """Flat chunks of ``a`` (a view of a memory map: only one chunk is in memory at a time)."""
+    flat = a.reshape(-1) if a.flags.c_contiguous or a.flags.f_contiguous else np.ascontiguousarray(a).reshape(-1)
+    n = flat.size
+    for s in range(0, n, chunk):
+        yield flat[s: s + chunk]
+
+
+def _as_real(a: np.ndarray) -> np.ndarray:
+    if np.iscomplexobj(a):
+        return a.view(a.real.dtype)
+    return a
+
+
+def array_nonfinite(path_or_array, chunk: int = CHUNK_ELEMS) -> Optional[dict]:
+    """Counts of NaN / +Inf / -Inf in a floating array (chunked); None for non-float data."""
+    a = load_array(path_or_array) if isinstance(path_or_array, str) else path_or_array
+    if not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.complexfloating)):
+        return None
+    a = _as_real(a)
+    nan = pinf = ninf = 0
+    for c in iter_chunks(a, chunk):
+        fin = np.isfinite(c)
+        if fin.all():
+            continue
+        bad = c[~fin]
+        n = int(np.isnan(bad).sum())
+        nan += n
+        pinf += int((bad == np.inf).sum())
+        ninf += int((bad == -np.inf).sum())
+    return {"nan": nan, "pos_inf": pinf, "neg_inf": ninf}
+
+
+def _f(v: Any) -> Optional[float]:
+    if v is None:
+        return None
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x
+
+
+def stats_nonfinite(row: Mapping[str, Any]) -> Optional[bool]:
+    """From a statistics row: True (holds NaN/Inf), False (finite), None (cannot tell).
+
+    Uses the counts when present (``nan_count``, ``*_inf_count``), otherwise the
+    values (``max``, ``min``, ``avg``, ``l2norm`` are NaN/Inf when the tensor holds NaN/Inf)."""
+    count = _f(row.get("count"))
+    if count == 0 or _f(row.get("data_size")) == 0:
+        return False
+    counts = [_f(row.get(k)) for k in ("nan_count", "positive_inf_count", "negative_inf_count")]
+    known_counts = [c for c in counts if c is not None and not math.isnan(c)]
+    if known_counts and any(c > 0 for c in known_counts):
+        return True
+    have_all_counts = len(known_counts) == 3
+    vals = [_f(row.get(k)) for k in ("max", "min", "avg", "l2norm")]
+    known = [v for v in vals if v is not None]
+    if any(math.isinf(v) for v in known):
+        return True
+    # a NaN value means NaN data only when the column was computed (non-empty cell)
+    if any(math.isnan(v) for v in known):
+        if have_all_counts:
+            return False
+        return True
+    if have_all_counts or known:
+        return False
+    return None
+
+
+def is_float_row(dtype: Any, path: Any = None) -> bool:
+    """Floating (or complex) data? From the dtype name, else from the ``.npy`` header."""
+    if isinstance(dtype, str) and dtype:
+        return is_float_dtype(dtype) or is_complex_dtype(dtype)
+    if isinstance(path, str):
+        try:
+            from .reader import _npy_header
+            dt = _npy_header(path)[1]
+            return np.issubdtype(dt, np.floating) or np.issubdtype(dt, np.complexfloating)
+        except (OSError, ValueError):
+            return False
+    return False

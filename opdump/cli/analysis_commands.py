@@ -1,0 +1,448 @@
+"""The analysis subcommands of the ``opdump`` CLI: ``ls``, ``locate``, ``overflow``,
+``compare``, ``watch``.  A thin layer over :mod:`opdump.analysis`; the main CLI
+calls :func:`register` with its subparsers.  Each command's ``func(args)``
+returns the exit code:
+
+* ``ls``: 0, 2 on error.
+* ``locate``: 0 operators found, 1 none, 2 error.
+* ``overflow``: 0 no NaN/Inf found, 1 found, 2 error.
+* ``compare``: 0 no divergence, 1 a diverging operator or parameter, 2 error.
+* ``watch``: 0 no hit, 1 hits, 2 error.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Any, List, Optional
+
+__all__ = ["register", "cmd_ls", "cmd_locate", "cmd_overflow", "cmd_compare", "cmd_watch", "parse_iterations"]
+
+
+def _err(msg: str) -> int:
+    print(f"opdump: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def parse_iterations(text: Optional[str]) -> Optional[List[Any]]:
+    """``0|5-8`` / ``0,2`` -> [0, 5, 6, 7, 8]; ``3:4`` pairs iteration 3 of A with 4 of B."""
+    if text is None or str(text).strip() in ("", "all"):
+        return None
+    out: List[Any] = []
+    for tok in str(text).replace(",", "|").split("|"):
+        tok = tok.strip()
+        if not tok:
+            continue
+        if ":" in tok:
+            a, b = tok.split(":", 1)
+            out.append((int(a), int(b)))
+        elif "-" in tok[1:]:
+            lo, hi = tok.split("-", 1)
+            lo_i, hi_i = int(lo), int(hi)
+            if lo_i > hi_i:
+                raise ValueError(f"iterations {text!r}: range start {lo_i} is after end {hi_i}")
+            out.extend(range(lo_i, hi_i + 1))
+        else:
+            out.append(int(tok))
+    return out
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024.0
+    return str(n)
+
+
+def _open(path):
+    from opdump.analysis.reader import open_dump
+    return open_dump(path)
+
+
+def _pd_print(df, limit: Optional[int] = None) -> None:
+    import pandas as pd
+    if limit is not None and len(df) > limit:
+        extra = len(df) - limit
+        df = df.head(limit)
+    else:
+        extra = 0
+    with pd.option_context("display.max_rows", None, "display.max_columns", None, "display.width", 250,
+                           "display.max_colwidth", 120):
+        print(df.to_string(index=False))
+    if extra:
+        print(f"… {extra} more rows (use --limit or --csv)")
+
+
+# ----------------------------------------------------------------------------- ls
+
+def cmd_ls(args) -> int:
+    import pandas as pd
+    try:
+        d = _open(args.path)
+    except Exception as e:  # noqa: BLE001 - reported, exit 2
+        return _err(str(e))
+    rec = d.records()
+    if args.rank is not None:
+        rec = rec[rec["rank"] == args.rank]
+    if args.graph is not None:
+        rec = rec[rec["graph"] == args.graph]
+    try:
+        its = parse_iterations(args.iteration)
+    except ValueError as e:
+        return _err(str(e))
+    if its is not None:
+        rec = rec[rec["iteration"].isin(its)]
+    print(f"dump: {d.path}")
+    for rid in d.rank_ids:
+        r = d.ranks[rid]
+        cfg = r.config or {}
+        who = ", ".join(f"{k}={v}" for k, v in cfg.items() if k in ("device_target", "ms_version", "opdump_version",
+                                                                      "torch_version", "device_name"))
+        saved = (r.data_dump.get("common_dump_settings") or {}).get("saved_data") if r.data_dump else None
+        state = {True: "complete", False: "INCOMPLETE", None: "no manifest"}[r.complete]
+        print(f"rank {rid}: {who or 'no config.json'}; saved_data={saved or '?'}; {state}; "
+              f"graphs {sorted(r.graphs)}")
+    if args.ops:
+        ops = d.ops()
+        if args.rank is not None:
+            ops = ops[ops["rank"] == args.rank]
+        if args.graph is not None:
+            ops = ops[ops["graph"] == args.graph]
+        ops = ops.assign(source=[f"{f}:{int(l)}" if isinstance(f, str) and l == l and l is not None else ""
+                                 for f, l in zip(ops["file"], ops["line"])])
+        cols = ["rank", "graph", "index", "kind", "op_type", "full_name", "source"]
+        if args.csv:
+            ops.to_csv(args.csv, index=False)
+            print(f"wrote {len(ops)} operators to {args.csv}")
+        else:
+            _pd_print(ops[cols], args.limit)
+        return 0
+    if args.tensors or args.stats:
+        if args.stats:
+            st = d.statistics()
+            if args.rank is not None:
+                st = st[st["rank"] == args.rank]
+            if args.graph is not None:
+                st = st[st["graph"] == args.graph]
+            if its is not None:
+                st = st[st["iteration"].isin(its)]
+            df = st
+            cols = [c for c in ["rank", "graph", "iteration", "op", "io", "slot", "dtype", "shape", "max", "min",
+                                "avg", "l2norm", "nan_count", "positive_inf_count", "negative_inf_count"]
+                    if c in df.columns]
+        else:
+            t = d.tensors()
+            if args.rank is not None:
+                t = t[t["rank"] == args.rank]
+            if args.graph is not None:
+                t = t[t["graph"] == args.graph]
+            if its is not None:
+                t = t[t["iteration"].isin(its)]
+            df = t
+            cols = ["rank", "graph", "iteration", "op", "io", "slot", "dtype", "shape", "nbytes"] + (
+                ["path"] if args.paths else [])
+        if args.csv:
+            df.to_csv(args.csv, index=False)
+            print(f"wrote {len(df)} rows to {args.csv}")
+        else:
+            _pd_print(df[cols], args.limit)
+        return 0
+    if rec.empty:
+        print("no tensors and no statistics")
+        return 0
+    rec = rec.assign(_is_op=rec["kind"] == "op", _has_file=rec["path"].notna(),
+                     _it=rec["iteration"].astype("object").where(rec["iteration"].notna(), "constants"))
+    rows = []
+    for (rk, g, it), grp in rec.groupby(["rank", "graph", "_it"], sort=False):
+        rows.append({"rank": rk, "graph": g, "iteration": it,
+                     "ops": grp.loc[grp["_is_op"], "op_file"].nunique(),
+                     "parameters": grp.loc[grp["kind"] == "parameter", "op_file"].nunique(),
+                     "tensors": int(grp["_has_file"].sum()),
+                     "stat_rows": int(grp["stat_row"].fillna(False).astype(bool).sum()),
+                     "bytes": int(grp["nbytes"].fillna(0).sum())})
+    summ = pd.DataFrame(rows)
+    summ["_o"] = [1 << 60 if it == "constants" else int(it) for it in summ["iteration"]]
+    summ = summ.sort_values(["rank", "_o", "graph"]).drop(columns="_o")
+    total = int(summ["bytes"].sum())
+    summ["size"] = [_human(b) for b in summ["bytes"]]
+    if args.csv:
+        summ.to_csv(args.csv, index=False)
+        print(f"wrote the summary to {args.csv}")
+    else:
+        _pd_print(summ.drop(columns="bytes"), args.limit)
+    print(f"total: {int(summ['tensors'].sum())} tensor files, {_human(total)}")
+    return 0
+
+
+# ----------------------------------------------------------------------------- locate
+
+def cmd_locate(args) -> int:
+    from opdump.analysis.locate import locate
+    try:
+        d = _open(args.path)
+    except Exception as e:  # noqa: BLE001
+        return _err(str(e))
+    hits = locate(d, args.where, rank=args.rank, any_frame=args.any_frame)
+    if args.json:
+        print(json.dumps([h.to_dict() for h in hits], indent=1))
+        return 0 if hits else 1
+    if not hits:
+        print(f"no operator found for {args.where!r}")
+        return 1
+    if hits[0].match == "stack":
+        print("(no operator has this line as its innermost user frame; matches anywhere in the call stack)")
+    for h in hits:
+        o = h.op
+        print(f"{o.full_name}")
+        print(f"    type {o.op_type}, {o.kind}, rank {o.rank}, graph {o.graph}"
+              + (f", execution order {o.index}" if o.index is not None else ""))
+        if h.frame is not None:
+            print(f"    source: {h.frame.file}:{h.frame.line}  {h.frame.code}")
+        if args.stack and o.sources:
+            for fr in o.sources:
+                print(f"      at {fr.file}:{fr.line}  {fr.code}")
+        for it in sorted(h.files, key=lambda x: (x is None, x if x is not None else 0)):
+            paths = h.files[it]
+            label = "constants" if it is None else f"iteration {it}"
+            if args.files:
+                print(f"    {label}:")
+                for p in paths:
+                    print(f"      {p}")
+            else:
+                import os
+                from opdump.analysis.reader import parse_tensor_filename
+                names = []
+                for p in paths:
+                    pt = parse_tensor_filename(os.path.basename(p))
+                    names.append(f"{pt['io']}.{pt['slot']}" if pt else os.path.basename(p))
+                print(f"    {label}: {', '.join(names)} in {os.path.dirname(paths[0])}")
+        for it in sorted(k for k in h.stats if k not in h.files and k is not None):
+            print(f"    iteration {it}: {h.stats[it]} rows in statistic.csv")
+    print(f"{len(hits)} operator(s)")
+    return 0
+
+
+# ----------------------------------------------------------------------------- overflow
+
+def cmd_overflow(args) -> int:
+    from opdump.analysis.overflow import find_overflow
+    try:
+        d = _open(args.path)
+        its = parse_iterations(args.iterations)
+    except Exception as e:  # noqa: BLE001
+        return _err(str(e))
+    rep = find_overflow(d, rank=args.rank, iterations=its, max_affected=args.max_affected,
+                        use_tensors=not args.stats_only, progress=not args.quiet)
+    if args.json:
+        print(json.dumps({"found": rep.found, "origin": rep.origin.to_dict() if rep.origin else None,
+                          "affected": [e.to_dict() for e in rep.affected],
+                          "per_rank": {str(k): (v.to_dict() if v else None) for k, v in rep.per_rank.items()},
+                          "scanned_tensors": rep.scanned_tensors, "unknown_tensors": rep.unknown_tensors,
+                          "method": rep.method}, indent=1))
+        return 1 if rep.found else 0
+    if not rep.found:
+        print(f"no NaN/Inf found ({rep.scanned_tensors} floating tensors scanned"
+              + (f" from {rep.method}" if rep.method else "") + ")")
+        if rep.unknown_tensors:
+            print(f"note: {rep.unknown_tensors} tensors could not be checked (statistics without max/min/avg/"
+                  "l2norm/NaN/Inf counts and no tensor data)")
+        return 0
+    o = rep.origin
+    what = "first operator producing NaN/Inf" if o.kind == "operator" else \
+        "NaN/Inf first seen in the inputs of"
+    print(f"{what}: {o.op}")
+    print(f"    type {o.op_type}, iteration {o.iteration}, rank {o.rank}, graph {o.graph}")
+    if o.source:
+        print(f"    source: {o.source}  {o.code}")
+    for t in o.tensors:
+        print(f"    {t.describe()}" + (f"  [{t.path}]" if t.path else ""))
+    if o.kind == "operator":
+        print("    its floating inputs are finite" if o.inputs_checked else "    (its inputs were not dumped)")
+    else:
+        print("    (from a parameter, a graph input, or an operator that was not dumped)")
+    if rep.affected:
+        print("next affected operators:")
+        for e in rep.affected:
+            print(f"    {e.op}  (iteration {e.iteration}" + (f", {e.source}" if e.source else "") + ")")
+    others = [(k, v) for k, v in rep.per_rank.items() if v is not None and v is not o]
+    for k, v in others:
+        print(f"rank {k}: first {v.op} (iteration {v.iteration})")
+    return 1
+
+
+# ----------------------------------------------------------------------------- compare
+
+def cmd_compare(args) -> int:
+    from opdump.analysis.compare import Thresholds, compare
+    try:
+        its = parse_iterations(args.iterations)
+        th = Thresholds(**{k: v for k, v in (("cos_fail", args.cos_fail), ("cos_strict", args.cos_strict),
+                                               ("abs_fail", args.abs_fail)) if v is not None})
+        res = compare(args.a, args.b, mapping=args.mapping, rank=args.rank, rank_b=args.rank_b,
+                      iterations=its, io=args.io, thresholds=th, workers=args.workers,
+                      progress=not args.quiet, include_parameters=not args.no_params)
+    except Exception as e:  # noqa: BLE001
+        return _err(str(e))
+    if args.csv and args.csv != "-":
+        res.to_csv(args.csv)
+    if args.html:
+        res.to_html(args.html)
+    if args.json:
+        print(json.dumps({"first_divergence": res.first_divergence, "counts": res.counts,
+                          "diverged_parameters": res.diverged_parameters,
+                          "unmatched_a": res.unmatched_a, "unmatched_b": res.unmatched_b,
+                          "csv": args.csv, "html": args.html}, indent=1, default=_json_default))
+    else:
+        print(res.summary())
+        if args.csv == "-":
+            res.table.to_csv(sys.stdout, index=False)
+        if args.show:
+            t = res.table
+            bad = t[t["verdict"].isin(["diverged", "warning", "nondeterministic"])].head(args.show)
+            if len(bad):
+                print("first non-passing tensors:")
+                _pd_print(bad[["iteration", "op", "io", "slot", "verdict", "cosine", "max_abs_err", "reason"]])
+        if args.csv and args.csv != "-":
+            print(f"table: {args.csv}")
+        if args.html:
+            print(f"report: {args.html}")
+    return 1 if res.diverged else 0
+
+
+def _json_default(o):
+    try:
+        import numpy as np
+        if isinstance(o, np.generic):
+            return o.item()
+    except ImportError:  # pragma: no cover
+        pass
+    if isinstance(o, float) and math.isnan(o):
+        return None
+    return str(o)
+
+
+# ----------------------------------------------------------------------------- watch
+
+def cmd_watch(args) -> int:
+    from opdump.analysis.watch import Condition, watch
+    try:
+        d = _open(args.path)
+        conds = [Condition.parse(c) for c in args.cond]
+        its = parse_iterations(args.iterations)
+    except Exception as e:  # noqa: BLE001
+        return _err(str(e))
+    hits = watch(d, conds, rank=args.rank, iterations=its, op=args.op, io=args.io, target=args.target,
+                 progress=not args.quiet, limit=args.limit)
+    if args.csv:
+        import pandas as pd
+        pd.DataFrame([h.to_dict() for h in hits]).to_csv(args.csv, index=False)
+    if args.json:
+        print(json.dumps([h.to_dict() for h in hits], indent=1, default=_json_default))
+        return 1 if hits else 0
+    if not hits:
+        print("no hit: " + "; ".join(str(c) for c in conds))
+        return 0
+    for h in hits:
+        where = f"iteration {h.iteration}" if h.iteration is not None else "constants"
+        if h.previous_iteration is not None:
+            where += f" (vs {h.previous_iteration})"
+        print(f"[{h.condition}] {h.op} {h.io}.{h.slot}  {where}, rank {h.rank}: {h.detail}")
+    print(f"{len(hits)} hit(s)" + (f"; written to {args.csv}" if args.csv else ""))
+    return 1
+
+
+# ----------------------------------------------------------------------------- register
+
+def register(subparsers) -> None:
+    """Add ``ls``, ``locate``, ``overflow``, ``compare``, ``watch`` to an argparse subparsers object."""
+    p = subparsers.add_parser("ls", help="summarise a dump (opdump's or MindSpore's); list ops, tensors, statistics",
+                              description="Summary per rank/graph/iteration: operators, tensors, bytes. "
+                                          "PATH: the dump root, a rank_N folder, or a folder inside one.")
+    p.add_argument("path")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--ops", action="store_true", help="list the operators (execution order, source line)")
+    g.add_argument("--tensors", action="store_true", help="list the tensor files")
+    g.add_argument("--stats", action="store_true", help="list the statistic.csv rows")
+    p.add_argument("--rank", type=int)
+    p.add_argument("--graph", type=int)
+    p.add_argument("--iteration", help="iterations, e.g. 0|5-8")
+    p.add_argument("--paths", action="store_true", help="with --tensors: show file paths")
+    p.add_argument("--limit", type=int, default=200, help="rows to print (default 200)")
+    p.add_argument("--csv", help="write the table to this CSV file instead of printing it")
+    p.set_defaults(func=cmd_ls)
+
+    p = subparsers.add_parser("locate", help="operators of a script line (file:line), or an operator's line and files",
+                              description="WHERE is FILE:LINE (train.py:175) -> the forward and backward operators of "
+                                          "that line and their dump files per iteration; or an operator name (full, "
+                                          "file-name form, a dump file name, or a substring) -> its source and files.")
+    p.add_argument("path")
+    p.add_argument("where")
+    p.add_argument("--rank", type=int)
+    p.add_argument("--any-frame", action="store_true",
+                   help="match the line anywhere in the operators' call stacks, not only the innermost user frame")
+    p.add_argument("--files", action="store_true", help="print every file path")
+    p.add_argument("--stack", action="store_true", help="print every source frame")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_locate)
+
+    p = subparsers.add_parser("overflow", help="the first operator producing NaN/Inf (exit 1 when found)",
+                              description="Scan in execution order (statistics when present, tensors otherwise) and "
+                                          "name the first operator whose output holds NaN/Inf while its inputs are "
+                                          "finite, with its source line and the next affected operators. "
+                                          "Exit code: 0 none found, 1 found, 2 error.")
+    p.add_argument("path")
+    p.add_argument("--rank", type=int)
+    p.add_argument("--iterations", help="only these iterations, e.g. 3|5-8")
+    p.add_argument("--max-affected", type=int, default=5)
+    p.add_argument("--stats-only", action="store_true", help="never read tensor data")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_overflow)
+
+    p = subparsers.add_parser("compare", help="compare two dumps operator by operator; name the first divergence",
+                              description="A is compared against the reference B. Matching: full name, then scope + "
+                                          "type + order, then --mapping. Exit code: 0 no divergence, 1 divergence, "
+                                          "2 error. See opdump.analysis.compare for metrics and verdict thresholds.")
+    p.add_argument("a")
+    p.add_argument("b")
+    p.add_argument("--mapping", help="file of 'A_name,B_name' lines (optionally NAME:output.0 for single tensors)")
+    p.add_argument("--rank", type=int, help="rank to compare (default: all ranks, same ids)")
+    p.add_argument("--rank-b", type=int, help="compare --rank of A with this rank of B (e.g. replicas of one dump)")
+    p.add_argument("--iterations", help="iterations: 0|5-8, or A:B pairs such as 3:4")
+    p.add_argument("--io", choices=["input", "output"], help="compare only inputs or only outputs")
+    p.add_argument("--no-params", action="store_true", help="leave Parameter files out")
+    p.add_argument("--csv", default="opdump_compare.csv", help="full table as CSV (default opdump_compare.csv; '-' "
+                                                               "prints it)")
+    p.add_argument("--html", help="write a self-contained HTML report with plots")
+    p.add_argument("--workers", type=int, help="worker processes (default: CPU count, at most 8)")
+    p.add_argument("--show", type=int, default=10, help="print this many non-passing tensors (default 10)")
+    p.add_argument("--cos-fail", type=float, help="diverged when cosine is below this (default 0.9)")
+    p.add_argument("--cos-strict", type=float, help="diverged when cosine below this and abs err > 1e-3 (default 0.99)")
+    p.add_argument("--abs-fail", type=float, help="diverged when max abs error above this (default 1, scaled)")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_compare)
+
+    p = subparsers.add_parser("watch", help="watchpoints over a dump (nan, inf, too_large, all_zero, not_changed, …)",
+                              description="Conditions: nan, inf, overflow, too_large:[abs_mean_gt|max_gt|min_gt|"
+                                          "mean_gt]=X, too_small:[abs_mean_lt|max_lt|min_lt|mean_lt]=X, "
+                                          "all_zero:zero_percentage_ge=P, range:range_start=A,range_end=B,"
+                                          "range_percentage_lt=P, not_changed:rtol=R,atol=A, "
+                                          "change_too_large:abs_update_ratio_mean_gt=X, "
+                                          "change_too_small:abs_update_ratio_mean_lt=X. "
+                                          "Exit code: 0 no hit, 1 hits, 2 error.")
+    p.add_argument("path")
+    p.add_argument("--cond", action="append", required=True, help="a condition (repeatable)")
+    p.add_argument("--rank", type=int)
+    p.add_argument("--iterations", help="e.g. 0|5-8")
+    p.add_argument("--op", help="regular expression on operator / parameter names")
+    p.add_argument("--io", choices=["input", "output"])
+    p.add_argument("--target", choices=["params", "ops", "all"],
+                   help="what to watch (default: params for change conditions, all otherwise)")
+    p.add_argument("--limit", type=int, help="stop after this many hits")
+    p.add_argument("--csv", help="write the hits to this CSV file")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_watch)
