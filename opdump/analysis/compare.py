@@ -38,7 +38,7 @@ Verdicts (thresholds in :class:`Thresholds`, defaults shown):
 * ``warning``: not diverged, but ``cosine < 0.999`` or ``max_abs_err > 1e-3``.
 * ``pass``: otherwise (``identical`` is noted in ``reason`` when bit-equal).
 * ``nondeterministic``: outputs of random operators (dropout, bernoulli, rand*,
-  normal, uniform, randperm, multinomial, native_dropout …) that differ.
+  normal, uniform, randperm, multinomial, native_dropout …) that would be ``diverged``.
 * ``skipped``: undefined values, never compared (F30a): outputs of
   ``empty``/``empty_like``/``empty_strided``/``new_empty``, the destination input
   of ``fill_``/``zero_``/``copy_``/``uniform_``/``normal_`` ….
@@ -576,7 +576,7 @@ def compare(a: Union[str, os.PathLike, Dump], b: Union[str, os.PathLike, Dump], 
         row["verdict"], row["reason"] = v, why
     # random operators: differences are nondeterminism
     for row in out_rows:
-        if row["verdict"] in ("diverged", "warning") and row["_a"] is not None and row["io"] == "output" \
+        if row["verdict"] == "diverged" and row["_a"] is not None and row["io"] == "output" \
                 and is_random_op(row["op_type"]):
             row["verdict"] = "nondeterministic"
             row["reason"] = "random operator: " + (row["reason"] or "")

@@ -24,7 +24,8 @@ max/min/mean/abs_mean are over the finite elements.  Values come from
 (memory-mapped, chunked).  The change conditions compare a tensor with the same
 tensor in the previous dumped iteration; they watch parameters (weights,
 optimizer state) by default, every other condition watches every tensor
-(``target`` changes that: ``params``, ``ops``, ``all``).  Undefined values
+(``target`` changes that: ``params``, ``ops``, ``all``; graph inputs, the
+``Parameter.inputsN`` files, are left out of the default).  Undefined values
 (``empty*`` outputs, destinations of ``fill_``/``copy_``/… -- SPEC F30a) are never
 watched.
 """
@@ -62,6 +63,7 @@ _ALIASES = {"tensor_too_large": "too_large", "tensor_too_small": "too_small", "z
             "weight_change_too_large": "change_too_large", "weight_change_too_small": "change_too_small",
             "nan_inf": "overflow", "inf_nan": "overflow"}
 _CHANGE = {"not_changed", "change_too_large", "change_too_small"}
+_GRAPH_INPUT = re.compile(r"^Parameter\.inputs\d+$")
 
 
 @dataclass(frozen=True)
@@ -360,6 +362,8 @@ def watch(dump: Dump, conditions: Iterable[Union[Condition, str]], *, rank: Opti
 
     def targeted(c: Condition, r: Dict[str, Any]) -> bool:
         t = target or ("params" if c.is_change else "all")
+        if target is None and c.is_change and _GRAPH_INPUT.match(str(r["op"])):
+            return False    # graph inputs (a new batch each step) are not weights
         if t == "params":
             return r["kind"] in ("parameter", "constant")
         if t == "ops":

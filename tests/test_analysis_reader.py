@@ -1,0 +1,153 @@
+"""Reader: the real MindSpore sample, synthetic dumps in every variant of the layout."""
+import json
+import os
+import shutil
+import warnings
+
+import numpy as np
+import pytest
+
+from analysis_fixtures import MS_SAMPLE, make_dump
+from opdump.analysis.reader import (DumpError, load_statistics, open_dump, parse_source_line,
+                                    parse_tensor_filename, sanitize)
+
+needs_sample = pytest.mark.skipif(not MS_SAMPLE.is_dir(), reason=f"MindSpore sample dump not found at {MS_SAMPLE}")
+
+
+@needs_sample
+def test_mindspore_sample_objects_and_tables():
+    d = open_dump(MS_SAMPLE)
+    assert d.rank_ids == [0] and d.graph_ids == [0] and d.iterations == [0, 1]
+    assert d.ranks[0].config["ms_version"] == "2.10.0"
+    assert d.ranks[0].complete is None           # MindSpore writes no manifest
+    g = d.graph(0)
+    assert len(g.execution_order) == 18 and g.iterations_run == [0, 1]
+    t = d.tensors()
+    assert len(t) == 180
+    assert set(t["dtype"]) >= {"Float32", "Bool", "Int64", "Int32"}
+    # every op file is mapped back to a full name of the execution order
+    ops_t = t[t["kind"] == "op"]
+    assert set(ops_t["op"]) == set(g.execution_order)
+    mm = ops_t[(ops_t["op"] == "Default/network-WithLossCell/_backbone-TinyMLP/fc1-Dense/MatMul-op0")
+               & (ops_t["iteration"] == 0)]
+    assert list(zip(mm["io"], mm["slot"])) == [("input", 0), ("input", 1), ("input", 2), ("input", 3), ("output", 0)]
+    assert list(mm["shape"]) == ["(4,8)", "(16,8)", "()", "()", "(4,16)"]
+    # execution order: first op of iteration 0 is fc1 MatMul, parameters last
+    it0 = d.records()[d.records()["iteration"] == 0]
+    assert it0.iloc[0]["op"].endswith("fc1-Dense/MatMul-op0")
+    assert (it0.iloc[-13:]["kind"] == "parameter").all()
+    ops = d.ops()
+    assert len(ops) == 18
+    row = ops[ops["full_name"].str.endswith("fc2-Dense/BiasAdd-op0")].iloc[0]
+    assert row["file"] == "/home/user/ms/train.py" and row["line"] == 67 and row["kind"] == "forward"
+    bw = ops[ops["full_name"].str.startswith("Gradients/")]
+    assert set(bw["kind"]) == {"backward"}
+    # lazy, memory-mapped, no pickle
+    tf = next(f for f in d.tensor_files(iteration=0) if f.io == "output" and f.op_type == "MatMul")
+    arr = tf.load()
+    assert isinstance(arr, np.memmap) and arr.shape == tf.shape
+    assert d.statistics().empty
+
+
+@needs_sample
+def test_open_rank_folder_and_inner_folder():
+    a = open_dump(MS_SAMPLE / "rank_0")
+    b = open_dump(MS_SAMPLE / "rank_0" / "MLP" / "0" / "1")
+    assert a.rank_ids == b.rank_ids == [0]
+    assert len(a.tensors(with_shape=False)) == len(b.tensors(with_shape=False)) == 180
+
+
+def test_parse_tensor_filename_variants():
+    p = parse_tensor_filename("Conv2D.Default_net_Conv2D-op12.0.0.1623124369613540.output.0.DefaultFormat.Float16.npy")
+    assert p["op_type"] == "Conv2D" and p["op_file"] == "Default_net_Conv2D-op12" and p["io"] == "output"
+    assert p["slot"] == 0 and p["dtype"] == "Float16" and p["format"] == "DefaultFormat"
+    old = parse_tensor_filename("Conv2D.Conv2D-op12.0.0.1623124369613540.output.0.DefaultFormat.npy")
+    assert old["dtype"] is None and old["op_file"] == "Conv2D-op12" and old["timestamp"] == 1623124369613540
+    seed_ex = parse_tensor_filename("Conv2D.Conv2D-op12.0.0.1623124369613540.output.0.DefaultFormat.float16.npy")
+    assert seed_ex["dtype"] == "float16"
+    par = parse_tensor_filename("Parameter.data-3.0.0.1700.output.0.DefaultFormat.Int64.npy")
+    assert par["op_type"] == "Parameter" and par["op_file"] == "data-3"
+    bw = parse_tensor_filename("convolution_backward.Gradients_Default_A_conv-Conv2d_convolution_backward-op3."
+                               "0.7.1700.input.2.NCHW.BFloat16.npy")
+    assert bw["op_type"] == "convolution_backward" and bw["stream_id"] == 7 and bw["slot"] == 2
+    assert parse_tensor_filename("statistic.csv") is None
+    assert parse_tensor_filename("random_name.npy") is None
+
+
+def test_parse_source_lines():
+    seed = parse_source_line("# In file ./tain_alexnet.py(175)/        x = self.conv3(x)/")
+    assert (seed.file, seed.line, seed.code) == ("./tain_alexnet.py", 175, "x = self.conv3(x)")
+    ms = parse_source_line("      # In file /home/u/train.py:59~60, 8~27/        x = self.fc1(x)/")
+    assert (ms.file, ms.line, ms.line_end, ms.col, ms.col_end) == ("/home/u/train.py", 59, 60, 8, 27)
+    single = parse_source_line("# In file /home/u/train.py:67, 34~42/        return self.fc2(x)/")
+    assert single.line == 67 and single.line_end is None and single.covers(67)
+    d = parse_source_line("# In file /home/u/train.py:66~80, 4~47/    def construct(self, x):/")
+    assert d.covers(66) and not d.covers(67)      # a def frame only stands for its first line
+    assert parse_source_line("# Fullname with scope: (X)") is None
+
+
+def test_synthetic_full_dump_statistics_join(tmp_path):
+    make_dump(tmp_path / "d", saved_data="full", stats=["max", "min", "avg", "nan count", "md5", "l2norm"],
+              graph_files=("ir",), quote_shape=False)
+    d = open_dump(tmp_path / "d")
+    rec = d.records()
+    assert rec["path"].notna().all() and rec["stat_row"].all()        # every tensor got its statistics row
+    st = load_statistics(tmp_path / "d")
+    assert {"rank", "graph", "iteration", "op", "io", "slot", "max", "min", "avg", "nan_count", "md5",
+            "l2norm", "shape"} <= set(st.columns)
+    row = st[(st["op"] == "Default/Net/fc1-Linear/t-op0") & (st["io"] == "input") & (st["iteration"] == 0)].iloc[0]
+    arr = np.load(rec[(rec["op"] == row["op"]) & (rec["io"] == "input") & (rec["iteration"] == 0)].iloc[0]["path"])
+    assert row["shape"] == "(16,8)"                     # an unquoted (16,8) was glued back together
+    assert row["max"] == pytest.approx(float(arr.max())) and row["nan_count"] == 0
+    # graphs 0 (forward) and 1 (backward): forward ops come first in each iteration
+    it1 = rec[rec["iteration"] == 1]
+    g = list(it1[it1["kind"] == "op"]["graph"])
+    assert g == sorted(g) and g[0] == 0 and g[-1] == 1
+
+
+def test_statistics_only_dump(tmp_path):
+    make_dump(tmp_path / "s", saved_data="statistic", graph_files=())
+    d = open_dump(tmp_path / "s")
+    assert not d.has_tensors and d.has_statistics
+    st = d.statistics()
+    assert len(st) > 40 and st["path"].isna().all() if "path" in st else True
+    ops = set(st["op"])
+    assert "Default/Net/exp-op9" in ops and "Parameter.fc2_weight" in ops
+    assert d.tensors().empty
+
+
+def test_long_names_mapping_csv_and_loose_folder(tmp_path):
+    make_dump(tmp_path / "m", long_names=True, graph_files=("json",), iterations=(0,))
+    folder = tmp_path / "m" / "rank_0" / "Net" / "0" / "0"
+    assert (folder / "mapping.csv").is_file()
+    assert all(n[0].isdigit() for n in os.listdir(folder) if n.endswith(".npy"))
+    d = open_dump(tmp_path / "m")
+    t = d.tensors()
+    assert "Default/Net/fc2-Linear/addmm-op7" in set(t["op"])
+    # a bare folder of dump files reads as rank 0 / graph 0 / iteration 0
+    loose = tmp_path / "loose"
+    shutil.copytree(tmp_path / "m" / "rank_0" / "Net" / "0" / "0", loose)
+    dl = open_dump(loose)
+    assert dl.loose and len(dl.tensors()) == len(t[t["graph"] == 0])
+
+
+def test_incomplete_manifest_warns_and_errors(tmp_path):
+    make_dump(tmp_path / "i", manifest=False, iterations=(0,))
+    with pytest.warns(UserWarning, match="incomplete"):
+        d = open_dump(tmp_path / "i")
+    assert d.complete is False
+    with pytest.raises(DumpError, match="no such"):
+        open_dump(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DumpError, match="not a dump"):
+        open_dump(tmp_path / "empty")
+
+
+def test_two_ranks(tmp_path):
+    make_dump(tmp_path / "r", rank=0, iterations=(0,))
+    make_dump(tmp_path / "r", rank=1, iterations=(0,))
+    d = open_dump(tmp_path / "r")
+    assert d.rank_ids == [0, 1]
+    t = d.tensors(with_shape=False)
+    assert set(t["rank"]) == {0, 1}
+    assert sanitize("Default/a b.c\\d") == "Default_a_b_c_d"
