@@ -1,0 +1,160 @@
+"""Module scopes of eager operators, from global module pre/post forward hooks.
+
+The tracker keeps a stack of the modules whose ``forward`` is running.  The
+outermost one is the *root* (shown as its class name, ``Default/<Root>``); every
+module inside it contributes ``<name>-<Class>``, its name being its path below
+the enclosing module on the stack, exactly as the graph front-end names them
+(both go through :func:`opdump.capture.naming.module_scope`):
+``Default/Net/blocks.0-Block/attn-Attention/proj-Linear``.
+
+Rules (README-ready):
+
+* a module called again under the same enclosing call in the same iteration gets
+  ``@<k>`` after its name on its k-th extra call: ``blk-Blk``, then ``blk@1-Blk``
+  (the form of Dynamo's ``nn_module_stack`` keys); a root called twice in one
+  iteration (gradient accumulation) becomes ``Default/Net@1``;
+* a module that is not registered under the module calling it (created inline,
+  kept in a plain list) adds no segment: its operators belong to the caller, its
+  ``set_dump`` mark still applies;
+* ``torch.compile(module)`` wrappers (``OptimizedModule``) show the class of the
+  module they wrap, and the wrapped module itself adds no segment;
+* the ids of the modules on the stack (``str(id(module))``, outermost first) are
+  the ``module_ids`` of the operator, which ``set_dump`` marks are keyed by.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+import sys
+
+from ..naming import module_scope
+
+
+def is_compiled_wrapper(module) -> bool:
+    """Is ``module`` the ``OptimizedModule`` that ``torch.compile(module)`` returns?"""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")    # not imported: nothing is compiled
+    wrapper = getattr(eval_frame, "OptimizedModule", None)
+    return wrapper is not None and isinstance(module, wrapper)
+
+
+def display_class(module) -> str:
+    if is_compiled_wrapper(module):
+        module = getattr(module, "_orig_mod", module)
+    return type(module).__name__
+
+
+class Frame:
+    """One running module call on the stack."""
+
+    __slots__ = ("module", "path", "pairs", "ids", "root", "transparent", "_scope")
+
+    def __init__(self, module, path: str, pairs: Tuple[Tuple[str, str], ...], ids: Tuple[str, ...],
+                 root: str, transparent: bool):
+        self.module = module
+        self.path = path            # dotted path below the root, with @k suffixes ("" for the root)
+        self.pairs = pairs          # (path, class) of the named modules from the root, outermost first
+        self.ids = ids              # str(id(m)) of every module on the stack, outermost first
+        self.root = root            # root class (with its @k suffix)
+        self.transparent = transparent
+        self._scope: Optional[str] = None
+
+    @property
+    def scope(self) -> str:
+        if self._scope is None:
+            self._scope = _scope_of(self.pairs, self.root)
+        return self._scope
+
+
+_scope_cache: Dict[Tuple, str] = {}
+
+
+def _scope_of(pairs, root: str) -> str:
+    key = (pairs, root)
+    scope = _scope_cache.get(key)
+    if scope is None:
+        if len(_scope_cache) > 100_000:
+            _scope_cache.clear()
+        scope = _scope_cache[key] = module_scope((("", root),) + pairs, root)
+    return scope
+
+
+class ScopeTracker:
+    """The stack of running module calls and the per-iteration call counts."""
+
+    def __init__(self):
+        self.stack: List[Frame] = []
+        self._calls: Dict[Tuple[str, int], int] = {}
+        self._names: Dict[Tuple[int, int], Optional[str]] = {}
+
+    def new_iteration(self) -> None:
+        self._calls.clear()
+
+    def _count(self, parent_path: str, module) -> int:
+        key = (parent_path, id(module))
+        k = self._calls.get(key, 0)
+        self._calls[key] = k + 1
+        return k
+
+    def _name_in(self, parent, child) -> Optional[str]:
+        """``child``'s dotted path below ``parent`` (None when not registered there)."""
+        key = (id(parent), id(child))
+        name = self._names.get(key, "")
+        if name != "" and (name is None or _resolve(parent, name) is child):
+            return name
+        name = None
+        for attr, sub in parent._modules.items():
+            if sub is child:
+                name = attr
+                break
+        if name is None:
+            for path, sub in parent.named_modules(remove_duplicate=False):
+                if sub is child and path:
+                    name = path
+                    break
+        if len(self._names) > 100_000:
+            self._names.clear()
+        self._names[key] = name
+        return name
+
+    def push_root(self, module) -> Frame:
+        k = self._count("", module)
+        root = display_class(module) + (f"@{k}" if k else "")
+        frame = Frame(module, "", (), (str(id(module)),), root, False)
+        self.stack.append(frame)
+        return frame
+
+    def push(self, module) -> Frame:
+        parent = self.stack[-1]
+        ids = parent.ids + (str(id(module)),)
+        owner = parent.module
+        if is_compiled_wrapper(owner) and getattr(owner, "_orig_mod", None) is module:
+            name = None
+        else:
+            name = self._name_in(owner, module)
+        if name is None:
+            frame = Frame(module, parent.path, parent.pairs, ids, parent.root, True)
+        else:
+            k = self._count(parent.path, module)
+            if k:
+                name = f"{name}@{k}"
+            path = f"{parent.path}.{name}" if parent.path else name
+            frame = Frame(module, path, parent.pairs + ((path, display_class(module)),), ids, parent.root, False)
+        self.stack.append(frame)
+        return frame
+
+    def pop(self, module) -> None:
+        stack = self.stack
+        if stack and stack[-1].module is module:
+            stack.pop()
+            return
+        for i in range(len(stack) - 1, -1, -1):     # an exception skipped some post hooks
+            if stack[i].module is module:
+                del stack[i:]
+                return
+
+
+def _resolve(parent, dotted: str):
+    try:
+        return parent.get_submodule(dotted)
+    except (AttributeError, TypeError):
+        return None
