@@ -151,3 +151,18 @@ def test_two_ranks(tmp_path):
     t = d.tensors(with_shape=False)
     assert set(t["rank"]) == {0, 1}
     assert sanitize("Default/a b.c\\d") == "Default_a_b_c_d"
+
+
+def test_acl_layout_with_npy_files(tmp_path):
+    make_dump(tmp_path / "ms", iterations=(0, 1), graph_files=())
+    # re-home the iteration folders into {dump_path}/worldsize2_global_rank1/{time}/{device}/{model}/{model_id}/{it}
+    for it in (0, 1):
+        src = tmp_path / "ms" / "rank_0" / "Net" / "0" / str(it)
+        dst = tmp_path / "acl" / "worldsize2_global_rank1" / "20260101120000" / "0" / "Net" / "3" / str(it)
+        shutil.copytree(src, dst)
+    (dst / "Conv2D.Default_conv-op1.2.7.161243956333802").write_bytes(b"\0" * 8)   # raw protobuf file
+    with pytest.warns(UserWarning, match="1 Ascend protobuf"):
+        d = open_dump(tmp_path / "acl")
+    assert d.layout == "acl" and d.rank_ids == [1] and d.graph_ids == [3] and d.iterations == [0, 1]
+    t = d.tensors(with_shape=False)
+    assert len(t) == len(open_dump(tmp_path / "ms").tensors(with_shape=False)[lambda x: x["graph"] == 0])

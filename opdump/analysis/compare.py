@@ -70,7 +70,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from .common import base_op_type, is_garbage, is_random_op, stats_nonfinite
-from .metrics import _task, pair_metrics
+from .metrics import _batch, _task
 from .reader import Dump, open_dump, sanitize, scope_of
 
 __all__ = ["Thresholds", "CompareResult", "compare", "load_mapping", "verdict_for_metrics"]
@@ -439,8 +439,23 @@ def _mp_context():
     return mp.get_context("spawn")
 
 
-def _run_pairs(tasks: List[Tuple[int, str, str]], workers: int, parallel_min: int, progress: bool,
+def _batches(tasks: List[Tuple[int, str, str, int]], max_bytes: int = 32 << 20, max_count: int = 64):
+    cur, size = [], 0
+    for t in tasks:
+        cur.append(t)
+        size += t[3]
+        if size >= max_bytes or len(cur) >= max_count:
+            yield cur
+            cur, size = [], 0
+    if cur:
+        yield cur
+
+
+def _run_pairs(tasks: List[Tuple[int, str, str, int]], workers: int, parallel_min: int, progress: bool,
                max_inflight: Optional[int] = None) -> Dict[int, Dict[str, Any]]:
+    """Metrics of every (index, path_a, path_b, bytes) task; in worker processes when there are
+    ``parallel_min`` or more, in batches of small pairs, with at most ``max_inflight`` batches
+    submitted at a time (bounded memory: workers memory-map their files)."""
     results: Dict[int, Dict[str, Any]] = {}
     bar = None
     if progress:
@@ -456,27 +471,29 @@ def _run_pairs(tasks: List[Tuple[int, str, str]], workers: int, parallel_min: in
             if bar is not None:
                 bar.update(1)
     else:
-        inflight_cap = max_inflight or workers * 4
+        inflight_cap = max_inflight or workers * 2
+        per_batch = max(1, min(64, len(tasks) // (workers * 4) or 1))
         with ProcessPoolExecutor(max_workers=workers, mp_context=_mp_context()) as ex:
             pending = set()
-            it = iter(tasks)
+            it = _batches(tasks, max_count=per_batch)
             exhausted = False
             while True:
                 while not exhausted and len(pending) < inflight_cap:
                     try:
-                        t = next(it)
+                        b = next(it)
                     except StopIteration:
                         exhausted = True
                         break
-                    pending.add(ex.submit(_task, t))
+                    pending.add(ex.submit(_batch, b))
                 if not pending:
                     break
                 done, pending = wait(pending, return_when=FIRST_COMPLETED)
                 for f in done:
-                    idx, m = f.result()
-                    results[idx] = m
+                    out = f.result()
+                    for idx, m in out:
+                        results[idx] = m
                     if bar is not None:
-                        bar.update(1)
+                        bar.update(len(out))
     if bar is not None:
         bar.close()
     return results
@@ -553,7 +570,7 @@ def compare(a: Union[str, os.PathLike, Dump], b: Union[str, os.PathLike, Dump], 
         pa, pb = ra_.get("path"), rb_.get("path")
         if isinstance(pa, str) and isinstance(pb, str):
             row["mode"] = "tensor"
-            tasks.append((n, pa, pb))
+            tasks.append((n, pa, pb, int(ra_.get("nbytes") or 0) + int(rb_.get("nbytes") or 0)))
         elif ra_.get("stat_row") is True and rb_.get("stat_row") is True:
             row["mode"] = "statistics"
             v, why, extra = _stats_verdict(ra_, rb_, thresholds)

@@ -483,6 +483,7 @@ class Iteration:
     files: List[TensorFile] = field(default_factory=list)
     stats: List[Dict[str, Any]] = field(default_factory=list)
     kernel_args: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # op_file -> args
+    raw_files: List[str] = field(default_factory=list)   # Ascend protobuf ("bin") files, not converted
 
 
 @dataclass
@@ -523,6 +524,8 @@ class Rank:
 
 
 _RANK_RE = re.compile(r"^rank_(\d+)$")
+_RAW_RE = re.compile(r"^[^.]+\.[^.]+\.\d+\.\d+\.\d+$")      # {op_type}.{op_name}.{task}.{stream}.{ts}
+_WORLD_RE = re.compile(r"^worldsize\d+_global_rank(\d+)$")
 _GRAPH_FILE_RE = re.compile(r"^ms_output_trace_code_graph_(\d+)\.(ir|json)$")
 _EXEC_RE = re.compile(r"^ms_execution_order_graph_(\d+)\.csv$")
 _GEXEC_RE = re.compile(r"^ms_global_execution_order_graph_(\d+)\.csv$")
@@ -555,12 +558,23 @@ class Dump:
     ``dump.summary()``.
     """
 
-    def __init__(self, path: os.PathLike, rank_dirs: List[Tuple[int, Path]], loose: bool = False):
+    def __init__(self, path: os.PathLike, rank_dirs: List[Tuple[int, Path]], loose: bool = False,
+                 acl: Optional[Dict[int, List[Tuple[str, int, int, Path]]]] = None):
         self.path = Path(path)
         self.loose = loose
+        self.layout = "acl" if acl else ("folder" if loose else "mindspore")
         self.ranks: Dict[int, Rank] = {}
         for rid, rp in rank_dirs:
             self.ranks[rid] = self._scan_rank(rid, rp)
+        for rid, entries in sorted((acl or {}).items()):
+            rank = Rank(rid, self.path)
+            for net, gid, itn, ip in entries:
+                rank.graphs.setdefault(gid, Graph(rid, gid))
+                it = Iteration(rid, net, gid, itn, ip)
+                self._scan_iteration(it)
+                rank.iterations.append(it)
+            self._resolve_names(rank)
+            self.ranks[rid] = rank
         self._records = None
 
     # ------------------------------------------------------------------ scanning
@@ -707,6 +721,8 @@ class Dump:
                         it.kernel_args[parts[1]] = d
                 continue
             if not name.endswith(".npy"):
+                if _RAW_RE.match(name):
+                    it.raw_files.append(e.path)
                 continue
             parsed = parse_tensor_filename(mapping.get(name, name))
             if parsed is None:
@@ -799,12 +815,19 @@ class Dump:
 
     def op_info(self, name: str, rank: Optional[int] = None, graph: Optional[int] = None) -> Optional[OpInfo]:
         """The operator named ``name`` (full name or its file-name form)."""
-        for o in self.op_infos(rank):
-            if graph is not None and o.graph != graph:
-                continue
-            if o.full_name == name or o.file_name == name:
-                return o
-        return None
+        idx = self.__dict__.get("_op_index")
+        if idx is None:
+            idx = {}
+            for o in self.op_infos():
+                for nm in (o.full_name, o.file_name):
+                    idx.setdefault((o.rank, o.graph, nm), o)
+                    idx.setdefault((o.rank, None, nm), o)
+                    idx.setdefault((None, None, nm), o)
+            self._op_index = idx
+        o = idx.get((rank, graph, name))
+        if o is None and graph is not None:
+            o = idx.get((rank, None, name))
+        return o
 
     def tensor_files(self, rank: Optional[int] = None, iteration: Optional[int] = None) -> Iterator[TensorFile]:
         for rid in self.rank_ids:
@@ -871,6 +894,27 @@ class Dump:
         cols = ["rank", "net", "graph", "iteration", "order", "op", "op_type", "kind", "io", "slot", "call",
                 "dtype", "shape", "format", "nbytes", "timestamp", "task_id", "stream_id", "path"]
         return df[[c for c in cols if c in df.columns]].reset_index(drop=True)
+
+    def summary(self):
+        """Per rank / graph / iteration (``"constants"`` for constants/): ops, parameters,
+        tensors (files), stat_rows, bytes."""
+        import pandas as pd
+        rec = self.records()
+        cols = ["rank", "graph", "iteration", "ops", "parameters", "tensors", "stat_rows", "bytes"]
+        if rec.empty:
+            return pd.DataFrame(columns=cols)
+        rows = []
+        its = rec["iteration"].astype("object").where(rec["iteration"].notna(), "constants")
+        for (rk, g, it), grp in rec.assign(_it=its).groupby(["rank", "graph", "_it"], sort=False):
+            rows.append({"rank": int(rk), "graph": int(g), "iteration": it,
+                         "ops": grp.loc[grp["kind"] == "op", "op_file"].nunique(),
+                         "parameters": grp.loc[grp["kind"] != "op", "op_file"].nunique(),
+                         "tensors": int(grp["path"].notna().sum()),
+                         "stat_rows": int(grp["stat_row"].fillna(False).astype(bool).sum()),
+                         "bytes": int(grp["nbytes"].fillna(0).sum())})
+        df = pd.DataFrame(rows, columns=cols)
+        order = [1 << 60 if it == "constants" else int(it) for it in df["iteration"]]
+        return df.assign(_o=order).sort_values(["rank", "_o", "graph"]).drop(columns="_o").reset_index(drop=True)
 
     def statistics(self):
         """All statistic.csv rows: rank, net, graph, iteration, op, op_type, io, slot, call, order,
@@ -1038,19 +1082,57 @@ def _find_rank_dirs(p: Path) -> Tuple[List[Tuple[int, Path]], bool]:
     return [], False
 
 
+def _find_acl(p: Path, max_depth: int = 8) -> Dict[int, List[Tuple[str, int, int, Path]]]:
+    """The ACL/GE layout (seeds 001, 003, 004; SPEC F25):
+    ``{dump_path}/[worldsize{N}_global_rank{r}/]{time}/{device_id}/{model_name}/{model_id}/{iteration}/files``.
+    Returns rank -> [(model_name, model_id, iteration, folder)]; the rank is ``r`` of the
+    torchair folder, else the device id."""
+    out: Dict[int, List[Tuple[str, int, int, Path]]] = {}
+    base_depth = len(p.parts)
+    for dirpath, dirnames, filenames in os.walk(p):
+        depth = len(Path(dirpath).parts) - base_depth
+        if depth >= max_depth:
+            dirnames[:] = []
+        if not any(f.endswith(".npy") or f == "statistic.csv" or _RAW_RE.match(f) for f in filenames):
+            continue
+        parts = Path(dirpath).relative_to(p).parts
+        if len(parts) < 4:
+            continue
+        device, model, model_id, itn = parts[-4], parts[-3], parts[-2], parts[-1]
+        if not (device.isdigit() and model_id.isdigit() and itn.isdigit()):
+            continue
+        rank = int(device)
+        for q in parts:
+            m = _WORLD_RE.match(q)
+            if m:
+                rank = int(m.group(1))
+        out.setdefault(rank, []).append((model, int(model_id), int(itn), Path(dirpath)))
+    for v in out.values():
+        v.sort(key=lambda e: (e[1], e[2], e[0]))
+    return out
+
+
 def open_dump(path: os.PathLike) -> Dump:
     """Open a dump: its root (holding ``rank_*``), a ``rank_N`` folder, a folder inside a
-    rank (the whole rank is read), or a bare folder of dump files (read as rank 0,
-    graph 0, iteration 0)."""
+    rank (the whole rank is read), a bare folder of dump files (read as rank 0, graph 0,
+    iteration 0), or an ACL/GE-layout dump whose tensors are ``.npy`` (converted) files."""
     p = Path(path).expanduser()
     if not p.exists():
         raise DumpError(f"{p}: no such file or directory")
     if not p.is_dir():
         raise DumpError(f"{p}: not a folder (give the dump root or a rank_N folder)")
     rank_dirs, loose = _find_rank_dirs(p.resolve())
+    acl = None
     if not rank_dirs:
-        raise DumpError(f"{p}: not a dump (no rank_N folders, no .npy files, no statistic.csv)")
-    d = Dump(p, rank_dirs, loose=loose)
+        acl = _find_acl(p.resolve())
+        if not acl:
+            raise DumpError(f"{p}: not a dump (no rank_N folders, no ACL {{time}}/{{device}}/{{model}}/{{id}}/"
+                            "{iteration} folders, no .npy files, no statistic.csv)")
+    d = Dump(p, rank_dirs, loose=loose, acl=acl)
+    raw = sum(len(it.raw_files) for r in d.ranks.values() for it in r.iterations)
+    if raw:
+        warnings.warn(f"{p}: {raw} Ascend protobuf dump files are not converted to .npy and are not read "
+                      "(convert them with `opdump convert`)", stacklevel=2)
     if d.complete is False:
         warnings.warn(f"{p}: the dump is marked incomplete in its manifest (the run was interrupted "
                       "or is still running); reading what is there", stacklevel=2)

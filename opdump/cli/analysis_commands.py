@@ -78,7 +78,6 @@ def _pd_print(df, limit: Optional[int] = None) -> None:
 # ----------------------------------------------------------------------------- ls
 
 def cmd_ls(args) -> int:
-    import pandas as pd
     try:
         d = _open(args.path)
     except Exception as e:  # noqa: BLE001 - reported, exit 2
@@ -152,19 +151,10 @@ def cmd_ls(args) -> int:
     if rec.empty:
         print("no tensors and no statistics")
         return 0
-    rec = rec.assign(_is_op=rec["kind"] == "op", _has_file=rec["path"].notna(),
-                     _it=rec["iteration"].astype("object").where(rec["iteration"].notna(), "constants"))
-    rows = []
-    for (rk, g, it), grp in rec.groupby(["rank", "graph", "_it"], sort=False):
-        rows.append({"rank": rk, "graph": g, "iteration": it,
-                     "ops": grp.loc[grp["_is_op"], "op_file"].nunique(),
-                     "parameters": grp.loc[grp["kind"] == "parameter", "op_file"].nunique(),
-                     "tensors": int(grp["_has_file"].sum()),
-                     "stat_rows": int(grp["stat_row"].fillna(False).astype(bool).sum()),
-                     "bytes": int(grp["nbytes"].fillna(0).sum())})
-    summ = pd.DataFrame(rows)
-    summ["_o"] = [1 << 60 if it == "constants" else int(it) for it in summ["iteration"]]
-    summ = summ.sort_values(["rank", "_o", "graph"]).drop(columns="_o")
+    summ = d.summary()
+    summ = summ[summ["rank"].isin(set(rec["rank"])) & summ["graph"].isin(set(rec["graph"]))]
+    if its is not None:
+        summ = summ[summ["iteration"].isin(its)]
     total = int(summ["bytes"].sum())
     summ["size"] = [_human(b) for b in summ["bytes"]]
     if args.csv:
