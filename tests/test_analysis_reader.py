@@ -166,3 +166,55 @@ def test_acl_layout_with_npy_files(tmp_path):
     assert d.layout == "acl" and d.rank_ids == [1] and d.graph_ids == [3] and d.iterations == [0, 1]
     t = d.tensors(with_shape=False)
     assert len(t) == len(open_dump(tmp_path / "ms").tensors(with_shape=False)[lambda x: x["graph"] == 0])
+
+
+MS_STYLE_IR = """# IR entry: @1_Net_construct
+# In file net.py:10~14, 4~16/    def construct(self, x, y):/
+subgraph @1_Net_construct() {
+  %0(CNode_1$a) = PrimFunc_Sub(%para1_x, Tensor(shape=[], dtype=Float32, value=1)) cnode_attrs: {checkpoint: Bool(1)}
+      : (<Tensor[Float32], ()>, <Tensor[Float32], (), value=...>) -> (<Tensor[Float32], ()>)
+      # Fullname with scope: (Default/Sub-op0)
+      # In file net.py:10~14, 4~16/    def construct(self, x, y):/
+      # In file net.py:11, 12~25/        a = ops.sub(x, 1)/
+      # In file net.py:11, 12~19/        a = ops.sub(x, 1)/<~~This line of code can be shared by multiple nodes, and may be duplicated./
+      # In file /env/lib/python3.9/site-packages/mindspore/ops/auto_generate/gen_ops_def.py:370, 11~31/    return sub_op(x, y)/
+  %1(CNode_2$b) = PrimFunc_Add(%0, %para2_y) cnode_attrs: {checkpoint: Bool(1)}
+      : (<Tensor[Float32], ()>, <Tensor[Float32], ()>) -> (<Tensor[Float32], ()>)
+      # Fullname with scope: (Default/Add-op0)
+      # In file net.py:12, 12~25/        b = ops.add(a, y)/
+  Return(%1) cnode_attrs: {checkpoint: Bool(1)}
+      : (<Tensor[Float32], ()>)
+      # Fullname with scope: (Default/Return-op0)
+      # In file net.py:13, 8~16/        return b/
+}
+"""
+MS_STYLE_CSV = (
+    "Op Type,Op Name,Task ID,Stream ID,Timestamp,IO,Slot,Data Size,Data Type,Shape,Max Value,Min Value,L2Norm Value\n"
+    'Sub,Default_Sub-op0,0,0,1733905446819790,input,0,4,float32,"()",3,3,3,\n'
+    'Sub,Default_Sub-op0,0,0,1733905446820357,input,1,4,float32,"()",1,1,1,\n'
+    'Sub,Default_Sub-op0,0,0,1733905446820495,output,0,4,float32,"()",2,2,2,\n'
+    'Add,Default_Add-op0,0,0,1733905446822806,input,0,4,float32,"()",2,2,2,\n'
+    'Add,Default_Add-op0,0,0,1733905446822996,input,1,4,float32,"()",inf,inf,inf,\n'
+    'Add,Default_Add-op0,0,0,1733905446823151,output,0,4,float32,"()",inf,inf,inf,\n')
+
+
+def test_mindspore_statistic_dump_with_sanitized_names_and_shared_line_notes(tmp_path):
+    r = tmp_path / "ms" / "rank_0"
+    (r / "graphs").mkdir(parents=True)
+    (r / "graphs" / "ms_output_trace_code_graph_0.ir").write_text(MS_STYLE_IR)
+    (r / "execution_order").mkdir()
+    (r / "execution_order" / "ms_execution_order_graph_0.csv").write_text(
+        "NodeExecutionOrder-FullNameWithScope\nDefault/Sub-op0\nDefault/Add-op0\n")
+    (r / "Net" / "0" / "0").mkdir(parents=True)
+    (r / "Net" / "0" / "0" / "statistic.csv").write_text(MS_STYLE_CSV)
+    d = open_dump(tmp_path / "ms")
+    sub = d.op_info("Default/Sub-op0")
+    assert [f.line for f in sub.sources][-1] == 370 and sub.user_frame.line == 11
+    assert sub.user_frame.code == "a = ops.sub(x, 1)"
+    assert d.op_info("Default/Add-op0").sources[-1].line == 12       # Return's lines are not Add's
+    st = d.statistics()
+    assert list(st["op"].unique()) == ["Default/Sub-op0", "Default/Add-op0"]
+    assert len(st) == 6 and st["l2norm"].iloc[2] == 2.0
+    from opdump.analysis.overflow import find_overflow
+    rep = find_overflow(d, progress=False)
+    assert rep.origin.op == "Default/Add-op0" and rep.origin.kind == "input"

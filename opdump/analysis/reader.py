@@ -164,13 +164,16 @@ _FULLNAME_RES = (
     re.compile(r"#\s*Fullname with scope:\s*\((?P<name>.+)\)\s*$"),
     re.compile(r"full_name_with_scope:\s*\((?P<name>.+)\)\s*$"),
 )
-_IR_NODE_RE = re.compile(r"^\s*%\d+(?:\([^)]*\))?\s*=\s*(?P<prim>[\w.:]+)\s*\(")
+_IR_NODE_RE = re.compile(r"^\s*%\d+(?:\([^)]*\))?\s*=\s*(?P<prim>[^\s(]+)")
+_IR_BARE_NODE_RE = re.compile(r"^ {0,2}(?P<prim>[A-Za-z_][\w.]*)\(")        # Return(%1) …
+_SHARED_NOTE_RE = re.compile(r"/?<~~.*$")                                   # "<~~This line of code can be shared…"
 _IR_TYPES_RE = re.compile(r"^\s*:\s*\((?P<ins>.*)\)\s*->\s*\((?P<outs>.*)\)\s*$")
 _IR_TENSOR_RE = re.compile(r"<(?:Ref\[)?Tensor\[(?P<dtype>\w+)\]\]?,\s*\((?P<shape>[^)]*)\)")
 
 
 def parse_source_line(text: str) -> Optional[SourceFrame]:
     """Parse one ``# In file`` line (seed or MindSpore 2.x form); None when it is not one."""
+    text = _SHARED_NOTE_RE.sub("/", text.rstrip())
     m = _IN_FILE_SEED.search(text)
     if m:
         return SourceFrame(m.group("file").strip(), int(m.group("line")), code=m.group("code").strip())
@@ -250,8 +253,9 @@ def parse_ir(path: Path) -> List[Dict[str, Any]]:
     with open(path, encoding="utf-8", errors="replace") as f:
         for raw in f:
             line = raw.rstrip("\n")
-            if _IR_NODE_RE.match(line):
-                cur = {"full_name": None, "sources": [], "inputs": [], "outputs": [], "prim": _IR_NODE_RE.match(line).group("prim")}
+            m = _IR_NODE_RE.match(line) or _IR_BARE_NODE_RE.match(line)
+            if m and not line.lstrip().startswith(("#", ":")):
+                cur = {"full_name": None, "sources": [], "inputs": [], "outputs": [], "prim": m.group("prim")}
                 ops.append(cur)
                 continue
             if cur is None:
@@ -513,6 +517,7 @@ class Rank:
     manifest: Optional[Dict[str, Any]] = None
     graphs: Dict[int, Graph] = field(default_factory=dict)
     iterations: List[Iteration] = field(default_factory=list)
+    name_map: Dict[str, str] = field(default_factory=dict)    # file-name form -> full name
 
     @property
     def complete(self) -> Optional[bool]:
@@ -775,8 +780,21 @@ class Dump:
                 if fn and "/" in fn:
                     m.setdefault(sanitize(fn), fn)
                     global_map.setdefault(sanitize(fn), fn)
+        # older dumps name files by the last segment only (seed: Conv2D.Conv2D-op12.….npy)
+        short: Dict[str, Optional[str]] = {}
+        for fn in set(global_map.values()):
+            last = fn.rsplit("/", 1)[-1]
+            short[last] = fn if last not in short else None
+        for k, v in short.items():
+            if v is not None:
+                global_map.setdefault(k, v)
+        rank.name_map = global_map
         for it in rank.iterations:
             m = per_graph.get(it.graph, {})
+            for r in it.stats:
+                fn = r.get("op", "")
+                if fn and "/" not in fn and r.get("op_type") != "Parameter":
+                    r["op"] = m.get(fn) or global_map.get(fn) or m.get(sanitize(fn)) or fn
             for t in it.files:
                 if t.kind == "op":
                     t.op = m.get(t.op_file) or global_map.get(t.op_file) or t.op_file
