@@ -26,7 +26,15 @@ def test_env_var_launch_dumps_selected_iterations(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "step 2" in proc.stdout
     files = tensor_files(str(tmp_path / "dump"))
-    assert {(f.net, f.graph, f.iteration) for f in files} == {("AlexNet", g, i) for g in (0, 1) for i in (0, 2)}
+    # eager capture starts first (graph 0: the eager optimizer step); the compiled model's
+    # forward and backward graphs are 1 and 2
+    assert {(f.net, f.graph, f.iteration) for f in files} == {("AlexNet", g, i) for g in (0, 1, 2) for i in (0, 2)}
+    eager_types = {f.op_type for f in files if f.graph == 0}
+    assert "add_" in eager_types or "_foreach_add_" in eager_types, eager_types   # SGD's update
+    # eager sees what runs outside the compiled graphs: the loss's backward and the optimizer
+    assert all(f.op_name.startswith(("Default_optimizer-SGD", "Gradients_Default"))
+               for f in files if f.graph == 0 and f.op_type != "Parameter")
+    assert {f.op_type for f in files if f.graph == 1} >= {"convolution", "addmm"}
 
 
 def test_config_option_alias_env_and_exception_flush(tmp_path):

@@ -178,8 +178,28 @@ class EagerCapture:
         self._active = True
         self._checked = None
         self._mode = _DumpMode(self)
-        self._mode.__enter__()
+        self._pushed = False
+        self._sync_mode(session.is_dumping())
         return self
+
+    def _sync_mode(self, want: bool) -> None:
+        """Keep the dispatch mode on the stack only for iterations that dump.
+
+        A dispatch mode costs even when it returns at once (every operator goes through
+        Python), so iterations that do not dump run with no mode at all.  Called only at
+        safe points (start, iteration ends, a root module's pre-hook), never inside the
+        mode's own dispatch.  If another mode was entered after ours it cannot be popped:
+        ours stays, and its fast path returns at once.
+        """
+        mode = self._mode
+        if mode is None:
+            return
+        if want and not self._pushed:
+            mode.__enter__()
+            self._pushed = True
+        elif not want and self._pushed and _get_current_dispatch_mode() is mode:
+            mode.__exit__(None, None, None)
+            self._pushed = False
 
     def stop(self) -> None:
         """Uninstall everything and write the files of the iteration in progress."""
@@ -188,7 +208,8 @@ class EagerCapture:
         self._active = False
         self._dumping = False
         mode, self._mode = self._mode, None
-        if mode is not None:
+        if mode is not None and self._pushed:
+            self._pushed = False
             if _get_current_dispatch_mode() is mode:
                 mode.__exit__(None, None, None)
             else:   # another mode was entered after ours and is still active: ours stays, inert
@@ -231,6 +252,9 @@ class EagerCapture:
             self._state = None
             self._finish(state)
         self._checked = None
+        session = self.session
+        if self._active:   # the session is about to move to iteration + 1
+            self._sync_mode(session.enabled and (iteration + 1) in session.config.iteration)
 
     def _folder(self, state: _Iteration) -> str:
         if state.folder is None:
@@ -288,6 +312,7 @@ class EagerCapture:
             self._internal -= 1
         if self._checked != session.iteration:
             self._refresh()
+        self._sync_mode(self._dumping)
         frame = self.tracker.push_root(module)
         session.note_graph_ran(self.graph_id)
         state = self._state
