@@ -106,3 +106,62 @@ def test_locate_a_cnn_line(runs):
     assert any("conv1-Conv2d" in n and not n.startswith("Gradients") for n in names), names
     assert any(n.startswith("Gradients/") for n in names), names          # the backward of that line too
     assert all(sorted(k for k in h.files if k is not None) == [0, 1] for h in hits if h.files)
+
+
+SCRIPT = '''
+import torch
+torch.manual_seed(0)
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(6, 6)
+
+    def forward(self, x):
+        h = self.fc(x)
+        return torch.exp(h).mean()          # EXP_LINE
+
+model = Net()
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(4):
+    x = torch.randn(3, 6) * (200.0 if step == 2 else 1.0)
+    loss = model(x)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+'''
+
+
+def test_opdump_run_eager_then_overflow_cli(tmp_path):
+    """As a new user: `opdump run` an unmodified eager script whose exp() overflows at step 2,
+    then `opdump overflow` (exit 1) names exp and its line; `opdump ls` reads the dump."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    repo = Path(__file__).resolve().parents[1]
+    if not (repo / "opdump" / "cli" / "run.py").is_file():
+        pytest.skip("opdump run (opdump/cli/run.py) is not in this checkout yet")
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    line = next(i for i, t in enumerate(SCRIPT.splitlines(), 1) if "EXP_LINE" in t)
+    dump = tmp_path / "dump"
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps({
+        "common_dump_settings": {"op_debug_mode": 0, "dump_mode": 0, "path": str(dump), "net_name": "Net",
+                                 "iteration": "0-3", "saved_data": "statistic", "input_output": 0, "kernels": [],
+                                 "support_device": [0], "statistic_category": ["max", "min", "l2norm"]},
+        "e2e_dump_settings": {"enable": True, "trans_flag": True}}))
+    env = dict(os.environ, PYTHONPATH=str(repo) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-m", "opdump", "run", "--config", str(cfg), str(script)],
+                       capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = subprocess.run([sys.executable, "-m", "opdump", "overflow", str(dump), "-q"], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr
+    first = r.stdout.splitlines()[0]
+    assert first.startswith("first operator producing NaN/Inf:") and "exp-op" in first, r.stdout
+    assert f"train.py:{line}" in r.stdout and "iteration 2" in r.stdout, r.stdout
+    r = subprocess.run([sys.executable, "-m", "opdump", "ls", str(dump)], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 0 and "saved_data=statistic" in r.stdout, r.stdout + r.stderr

@@ -74,8 +74,15 @@ def scope_of(full_name: str) -> str:
     return full_name.rsplit("/", 1)[0] if "/" in full_name else ""
 
 
-def kind_of_name(full_name: str) -> str:
-    return "backward" if full_name.startswith("Gradients/") else "forward"
+def kind_of_name(full_name: str, graph_kind: Optional[str] = None) -> str:
+    """forward | backward | optimizer (| inference, as the graph says)."""
+    if full_name.startswith("Gradients/"):
+        return "backward"
+    if "/optimizer-" in full_name or full_name.startswith("optimizer-"):
+        return "optimizer"
+    if graph_kind in ("backward", "inference"):
+        return graph_kind
+    return "forward"
 
 
 # MindSpore type names (and the lower-case/older spellings) -> kind
@@ -198,7 +205,7 @@ class OpInfo:
     full_name: str
     op_type: str
     scope: str
-    kind: str = "forward"               # forward | backward | inference | eager | optimizer
+    kind: str = "forward"               # forward | backward | optimizer | inference
     index: Optional[int] = None         # position in the execution order (first occurrence)
     sources: List[SourceFrame] = field(default_factory=list)
     inputs: List[Dict[str, Any]] = field(default_factory=list)
@@ -673,7 +680,7 @@ class Dump:
                         pass
                 ops.append(OpInfo(g.rank, g.graph_id, fn, o.get("op_type") or op_type_of(fn),
                                   o.get("scope") if o.get("scope") is not None else scope_of(fn),
-                                  g.kind or kind_of_name(fn), None, srcs,
+                                  kind_of_name(fn, g.kind), None, srcs,
                                   list(o.get("inputs", []) or []), list(o.get("outputs", []) or []),
                                   dict(o.get("args", {}) or {})))
         elif g.ir_path is not None:
@@ -683,7 +690,7 @@ class Dump:
                 parsed = []
             for o in parsed:
                 fn = o["full_name"]
-                ops.append(OpInfo(g.rank, g.graph_id, fn, op_type_of(fn), scope_of(fn), kind_of_name(fn),
+                ops.append(OpInfo(g.rank, g.graph_id, fn, op_type_of(fn), scope_of(fn), kind_of_name(fn, g.kind),
                                   None, o["sources"], o["inputs"], o["outputs"]))
         by_name = {o.full_name: o for o in ops}
         if g.execution_order:
@@ -691,7 +698,7 @@ class Dump:
             for i, fn in enumerate(g.execution_order):
                 o = by_name.get(fn)
                 if o is None:
-                    o = OpInfo(g.rank, g.graph_id, fn, op_type_of(fn), scope_of(fn), g.kind or kind_of_name(fn))
+                    o = OpInfo(g.rank, g.graph_id, fn, op_type_of(fn), scope_of(fn), kind_of_name(fn, g.kind))
                     by_name[fn] = o
                 if o.index is None:
                     o.index = i
