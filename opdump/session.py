@@ -151,14 +151,17 @@ class Session:
     def on_close(self, hook: Callable[[], None]) -> None:
         self._close_hooks.append(hook)
 
-    def enter_forward(self, graph_id: int) -> None:
-        """A dumped model's forward graph (or eager call) starts: counts iterations when nothing else does."""
+    def enter_forward(self, key) -> None:
+        """A dumped model's forward graph (or eager root call) starts: counts iterations
+        when nothing else does.  ``key`` is any hashable naming the entry (a forward graph
+        id, or the eager graph id with the root module's id); seeing a key again within
+        one iteration starts the next iteration."""
         if not self._driven:
-            if graph_id in self._forward_seen:
+            if key in self._forward_seen:
                 self._forward_seen.clear()
                 self._end_iteration(self.iteration)
                 self.iteration += 1
-            self._forward_seen.add(graph_id)
+            self._forward_seen.add(key)
 
     def note_graph_ran(self, graph_id: int) -> None:
         self._graph_iterations.setdefault(graph_id, set()).add(self.iteration)

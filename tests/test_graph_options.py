@@ -190,3 +190,24 @@ def test_enable_false_dumps_nothing(config_file):
     cfg = config_file(e2e={"enable": False})
     train(cfg, steps=1)
     assert not os.path.exists(os.path.join(dump_root(cfg), "rank_0", "Net"))
+
+
+def test_set_dump_in_graph_mode_covers_repeated_calls(config_file):
+    class Twice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = nn.Linear(3, 3)
+            self.other = nn.Linear(3, 3)
+
+        def forward(self, x):
+            return self.other(self.inner(self.inner(x)))
+
+    model = Twice()
+    opdump.set_dump(model.inner)
+    cfg = config_file(common={"dump_mode": 2, "iteration": "0"})
+    with opdump.Session(cfg) as session:
+        torch.compile(model, backend=session.backend("eager"))(torch.randn(2, 3))
+    outs = [f for f in tensor_files(dump_root(cfg)) if f.op_type == "addmm" and f.io == "output"]
+    assert len(outs) == 2, "both calls of the marked module, not the unmarked one"
+    assert all("inner" in f.op_name for f in outs)
+    assert sorted(f.op_name.split("_addmm")[0] for f in outs) == ["Default_Twice_inner-Linear", "Default_Twice_inner@1-Linear"]

@@ -12,6 +12,7 @@ from .op_info import SourceLine
 
 _ROOT_PREFIX = re.compile(r"^L\['[^']*'\]")
 _GETATTR = re.compile(r"getattr\((.*),\s*'([^']*)'\)")
+_CALL = re.compile(r"@\d+")
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>[^\n]+)\n(?P<code>[^\n]*)')
 
 
@@ -38,19 +39,24 @@ def module_scope(stack: Sequence[Tuple[str, str]], root_class: Optional[str]) ->
     """Scope from (module path, class name) pairs, outermost first.
 
     Each module contributes ``name-Class`` where name is its path relative to the
-    enclosing module on the stack; the root contributes its class name alone.
+    enclosing module on the stack (``name@k-Class`` for its k-th extra call, as in
+    eager mode); the root contributes its class name alone.
     """
     parts: List[str] = []
     prev = ""
     root = root_class
     for raw_path, cls in stack:
-        path = _clean_path(raw_path)
-        if path == "":
+        path = _clean_path(raw_path)            # may carry "@k" markers: a module's k-th extra call
+        plain = _CALL.sub("", path)
+        if plain == "":
             root = root or cls
             continue
-        rel = path[len(prev) + 1:] if prev and path.startswith(prev + ".") else path
+        if prev and plain.startswith(prev + "."):
+            rel = ".".join(path.split(".")[prev.count(".") + 1:])
+        else:
+            rel = path
         parts.append(f"{rel}-{cls}")
-        prev = path
+        prev = plain
     head = ["Default"] + ([root] if root else [])
     return "/".join(head + parts)
 
@@ -77,7 +83,11 @@ def stack_pairs(nn_module_stack) -> Tuple[Tuple[str, str], ...]:
     """FX ``nn_module_stack`` meta (dict key → (path, class)) as (path, class name) pairs."""
     if not nn_module_stack:
         return ()
-    return tuple((str(v[0]), class_name(v[1])) for v in nn_module_stack.values())
+    pairs = []
+    for key, (path, cls) in nn_module_stack.items():
+        call = str(key).partition("@")[2]         # Dynamo keys a module's later calls "<id>@k"
+        pairs.append((f"{path}@{call}" if call else str(path), class_name(cls)))
+    return tuple(pairs)
 
 
 def stack_ids(nn_module_stack) -> Tuple[str, ...]:

@@ -32,8 +32,8 @@ def marked(module_ids: Iterable[str]) -> Optional[bool]:
     """The innermost mark among ``module_ids`` (outermost first), or None."""
     result = None
     for key in module_ids:
-        try:
-            value = _marks.get(int(key))
+        try:   # Dynamo tags a module's later calls as "<id>@<k>"
+            value = _marks.get(int(str(key).split("@", 1)[0]))
         except (TypeError, ValueError):
             continue
         if value is not None:
