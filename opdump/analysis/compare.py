@@ -645,6 +645,8 @@ def compare(a: Union[str, os.PathLike, Dump], b: Union[str, os.PathLike, Dump], 
                      + " already differs (from a parameter, a graph input, or an operator not dumped)")
         elif ok_in:
             cause = "inputs match, output differs: this operator computes differently"
+        elif any(r["io"] == "input" for r in op_rows):
+            cause = "output differs (its inputs were not compared: unmatched or without data)"
         else:
             cause = "output differs (inputs not dumped)"
         srcs, code = source_of(da, fa)
@@ -665,6 +667,8 @@ def compare(a: Union[str, os.PathLike, Dump], b: Union[str, os.PathLike, Dump], 
             row["source"] = s
     table = pd.DataFrame([{k: row.get(k) for k in TABLE_COLUMNS} for row in out_rows], columns=TABLE_COLUMNS)
     table["order"] = range(len(table))
+    for c in ("iteration", "iteration_b"):
+        table[c] = pd.array([None if v is None or v != v else int(v) for v in table[c]], dtype="Int64")
     return CompareResult(str(da.path), str(db.path), table, first_info, diverged_params, nondet,
                          list(unmatched_a), list(unmatched_b), thresholds, all_it_pairs,
                          (rank_pairs[0] if len(rank_pairs) == 1 else (None, None)))

@@ -39,8 +39,17 @@ for(var i=0;i<rows.length;i++){var c=rows[i].className;rows[i].style.display=(cb
 """
 
 
+def _missing(v: Any) -> bool:
+    if v is None:
+        return True
+    try:
+        return bool(v != v) or type(v).__name__ == "NAType"
+    except (TypeError, ValueError):
+        return type(v).__name__ == "NAType"
+
+
 def _e(v: Any) -> str:
-    return html.escape("" if v is None else str(v), quote=True)
+    return html.escape("" if _missing(v) else str(v), quote=True)
 
 
 def _num(v: Any, fmt: str = "{:.6g}") -> str:
@@ -167,8 +176,8 @@ def render_html_report(result, max_rows: int = 20000, title: Optional[str] = Non
     first_row_order = None
     if fd is not None:
         for r in rows:
-            if r["op"] == fd["op"] and r["iteration"] == fd["iteration"] and r["io"] == fd["io"] \
-                    and int(r["slot"]) == int(fd["slot"]) and r["verdict"] == "diverged":
+            if r["op"] == fd["op"] and not _missing(r["iteration"]) and r["iteration"] == fd["iteration"] \
+                    and r["io"] == fd["io"] and int(r["slot"]) == int(fd["slot"]) and r["verdict"] == "diverged":
                 first_row_order = r["order"]
                 break
     plot_rows = [r for r in rows if r["op"] is not None and r["verdict"] not in ("unmatched", "skipped")]
@@ -267,7 +276,7 @@ def render_html_report(result, max_rows: int = 20000, title: Optional[str] = Non
             elif k == "op_b" and v == r.get("op"):
                 cells.append("<td>=</td>")
             else:
-                cells.append(f"<td>{_e(v if not (isinstance(v, float) and math.isnan(v)) else '')}</td>")
+                cells.append(f"<td>{_e(v)}</td>")
         h.append(f"<tr class='verdict-{_e(r['verdict'])}'{rid}>" + "".join(cells) + "</tr>")
     h.append("</tbody></table>")
     h.append(f"<script>{_JS}</script></body></html>")
