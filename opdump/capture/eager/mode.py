@@ -72,7 +72,7 @@ from .sources import walk
 _current_node = torch._C._current_autograd_node
 _get_sequence_nr = torch.autograd._get_sequence_nr
 _is_compiling = torch.compiler.is_compiling
-_TOP = ("Default", ())
+_TOP = ("Default", (), ())
 _ACCUMULATE = "torch::autograd::AccumulateGrad"
 _GLOBAL_HOOK_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"
 
@@ -400,7 +400,8 @@ class EagerCapture:
         self._mutated[func] = out
         return out
 
-    def _backward_scope(self, state: _Iteration, node) -> Tuple[str, Tuple[str, ...]]:
+    def _backward_scope(self, state: _Iteration, node) -> Tuple[str, Tuple[str, ...], Tuple]:
+        """Scope, module ids and source lines of the forward operator a backward node belongs to."""
         info = state.seq.get(node._sequence_nr())
         if info is None and node.name() == _ACCUMULATE:
             var = getattr(node, "variable", None)
@@ -408,9 +409,10 @@ class EagerCapture:
             if owner is not None:
                 module_id, pairs, root = owner
                 info = state.modules.get(module_id) or (_scope_of(pairs, root), ())
+                info = (info[0], info[1], ())
         if info is None:
             info = _TOP
-        return backward_scope(info[0]), info[1]
+        return backward_scope(info[0]), info[1], info[2]
 
     def _dispatch(self, func, args, kwargs):
         state = self._state
@@ -442,13 +444,15 @@ class EagerCapture:
             top = stack[-1]
             scope, ids = top.scope, top.ids
         elif kind == 2:
-            scope, ids = self._backward_scope(state, node)
+            # a backward operator points at its forward operator's source line
+            scope, ids, forward_sources = self._backward_scope(state, node)
+            sources = forward_sources or sources
         elif kind == 3:
             scope, ids = f"Default/optimizer-{self._optimizers[-1]}", ()
         else:
-            scope, ids = _TOP
+            scope, ids = _TOP[0], _TOP[1]
         if kind <= 1:
-            state.seq.setdefault(_get_sequence_nr() - 1, (scope, ids))
+            state.seq.setdefault(_get_sequence_nr() - 1, (scope, ids, sources))
         index = state.n
         state.n = index + 1
         op_type, overload = types
