@@ -93,6 +93,12 @@ def _analyse(root: str) -> None:
         from ..analysis import overflow as _overflow  # noqa: F401
     except ImportError:
         return
+    from ..demo import models
     from .main import main as cli
-    print("\n$ opdump overflow", root)
+    line = next(i for i, text in enumerate(open(models.__file__).read().splitlines(), 1)
+                if "x = self.conv3(x)" in text)
+    where = f"{models.__file__}:{line}"
+    print(f"\n$ opdump locate {root} {where}      # the operators of `x = self.conv3(x)`")
+    cli(["locate", root, where])
+    print(f"\n$ opdump overflow {root}")
     cli(["overflow", root])
