@@ -211,3 +211,38 @@ def test_set_dump_in_graph_mode_covers_repeated_calls(config_file):
     assert len(outs) == 2, "both calls of the marked module, not the unmarked one"
     assert all("inner" in f.op_name for f in outs)
     assert sorted(f.op_name.split("_addmm")[0] for f in outs) == ["Default_Twice_inner-Linear", "Default_Twice_inner@1-Linear"]
+
+
+def test_dtypes_zero_dim_and_empty_tensors(config_file):
+    class Odd(nn.Module):
+        def forward(self, x):
+            mask = x > 0                                   # Bool
+            idx = x.argmax(dim=1)                          # Int64
+            total = (x * mask).sum()                       # 0-dim
+            empty = x[:0] * 2                              # empty
+            half = x.to(torch.bfloat16) * 3                # BFloat16 → saved as float32
+            f16 = x.to(torch.float16) + 1
+            return total, idx, empty, half, f16
+
+    cfg = config_file(common={"iteration": "0"})
+    x = torch.randn(3, 4)
+    with opdump.Session(cfg) as session:
+        outs = torch.compile(Odd(), backend=session.backend("eager"))(x)
+    files = tensor_files(dump_root(cfg))
+    by = {}
+    for f in files:
+        if f.io == "output" and f.op_type != "Parameter":
+            by.setdefault(f.op_type, []).append(f)
+    assert by["gt"][0].dtype == "Bool" and by["gt"][0].load().dtype == np.bool_
+    assert by["argmax"][0].dtype == "Int64"
+    np.testing.assert_array_equal(by["argmax"][0].load(), outs[1].numpy())
+    total = by["sum"][0].load()
+    assert total.shape == () and total == outs[0].item()
+    mul_shapes = {f.load().shape: f for f in by["mul"]}
+    assert (0, 4) in mul_shapes
+    bf16 = [f for f in by["mul"] if f.dtype == "BFloat16"]
+    assert bf16 and bf16[0].load().dtype == np.float32
+    np.testing.assert_array_equal(bf16[0].load(), outs[3].float().numpy())
+    f16 = by["add"][0]
+    assert f16.dtype == "Float16" and f16.load().dtype == np.float16
+    np.testing.assert_array_equal(f16.load(), outs[4].numpy())
