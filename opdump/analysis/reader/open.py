@@ -1,0 +1,108 @@
+"""Opening a dump: finding its ``rank_N`` folders from whatever path is given (the root, a
+rank, a folder inside a rank, a bare folder of dump files) or else the ACL/GE layout, then
+building the :class:`~.dump.Dump` (:func:`open_dump`, :func:`load_statistics`) and
+warning about unconverted or incomplete dumps.
+"""
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+from .dump import Dump
+from .files import _RAW_RE
+
+
+class DumpError(Exception):
+    """The path is not a readable dump."""
+
+
+_RANK_RE = re.compile(r"^rank_(\d+)$")
+_WORLD_RE = re.compile(r"^worldsize\d+_global_rank(\d+)$")
+
+
+def _find_rank_dirs(p: Path) -> Tuple[List[Tuple[int, Path]], bool]:
+    m = _RANK_RE.match(p.name)
+    if m and p.is_dir():
+        return [(int(m.group(1)), p)], False
+    ranks = []
+    if p.is_dir():
+        for e in os.scandir(p):
+            mm = _RANK_RE.match(e.name)
+            if mm and e.is_dir():
+                ranks.append((int(mm.group(1)), Path(e.path)))
+    if ranks:
+        return sorted(ranks), False
+    # a folder inside a rank (net/graph/iteration): climb to the rank
+    for parent in p.parents:
+        mm = _RANK_RE.match(parent.name)
+        if mm:
+            return [(int(mm.group(1)), parent)], False
+    # a bare folder of dump files
+    if p.is_dir() and any(e.name.endswith(".npy") or e.name == "statistic.csv" for e in os.scandir(p)):
+        return [(0, p)], True
+    return [], False
+
+
+def _find_acl(p: Path, max_depth: int = 8) -> Dict[int, List[Tuple[str, int, int, Path]]]:
+    """The ACL/GE layout (seeds 001, 003, 004; SPEC F25):
+    ``{dump_path}/[worldsize{N}_global_rank{r}/]{time}/{device_id}/{model_name}/{model_id}/{iteration}/files``.
+    Returns rank -> [(model_name, model_id, iteration, folder)]; the rank is ``r`` of the
+    torchair folder, else the device id."""
+    out: Dict[int, List[Tuple[str, int, int, Path]]] = {}
+    base_depth = len(p.parts)
+    for dirpath, dirnames, filenames in os.walk(p):
+        depth = len(Path(dirpath).parts) - base_depth
+        if depth >= max_depth:
+            dirnames[:] = []
+        if not any(f.endswith(".npy") or f == "statistic.csv" or _RAW_RE.match(f) for f in filenames):
+            continue
+        parts = Path(dirpath).relative_to(p).parts
+        if len(parts) < 4:
+            continue
+        device, model, model_id, itn = parts[-4], parts[-3], parts[-2], parts[-1]
+        if not (device.isdigit() and model_id.isdigit() and itn.isdigit()):
+            continue
+        rank = int(device)
+        for q in parts:
+            m = _WORLD_RE.match(q)
+            if m:
+                rank = int(m.group(1))
+        out.setdefault(rank, []).append((model, int(model_id), int(itn), Path(dirpath)))
+    for v in out.values():
+        v.sort(key=lambda e: (e[1], e[2], e[0]))
+    return out
+
+
+def open_dump(path: os.PathLike) -> Dump:
+    """Open a dump: its root (holding ``rank_*``), a ``rank_N`` folder, a folder inside a
+    rank (the whole rank is read), a bare folder of dump files (read as rank 0, graph 0,
+    iteration 0), or an ACL/GE-layout dump whose tensors are ``.npy`` (converted) files."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise DumpError(f"{p}: no such file or directory")
+    if not p.is_dir():
+        raise DumpError(f"{p}: not a folder (give the dump root or a rank_N folder)")
+    rank_dirs, loose = _find_rank_dirs(p.resolve())
+    acl = None
+    if not rank_dirs:
+        acl = _find_acl(p.resolve())
+        if not acl:
+            raise DumpError(f"{p}: not a dump (no rank_N folders, no ACL {{time}}/{{device}}/{{model}}/{{id}}/"
+                            "{iteration} folders, no .npy files, no statistic.csv)")
+    d = Dump(p, rank_dirs, loose=loose, acl=acl)
+    raw = sum(len(it.raw_files) for r in d.ranks.values() for it in r.iterations)
+    if raw:
+        warnings.warn(f"{p}: {raw} Ascend protobuf dump files are not converted to .npy and are not read "
+                      "(convert them with `opdump convert`)", stacklevel=2)
+    if d.complete is False:
+        warnings.warn(f"{p}: the dump is marked incomplete in its manifest (the run was interrupted "
+                      "or is still running); reading what is there", stacklevel=2)
+    return d
+
+
+def load_statistics(path: os.PathLike):
+    """All ``statistic.csv`` of a dump as one DataFrame (rank, graph, iteration, op, io, slot, …)."""
+    return open_dump(path).statistics()
