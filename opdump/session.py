@@ -183,8 +183,7 @@ class Session:
             return next(self._graph_ids)
 
     def iteration_dir(self, graph_id: int) -> str:
-        if self.iteration not in self._dumped_iterations:
-            self._dumped_iterations.add(self.iteration)
+        self._dumped_iterations.add(self.iteration)
         return self.layout.iteration_dir(graph_id, self.iteration)
 
     # ------------------------------------------------------------------ files
