@@ -13,6 +13,7 @@ import json
 import threading
 import time
 import warnings
+import weakref
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -68,6 +69,27 @@ def stream_id_of(t: torch.Tensor) -> int:
     return 0
 
 
+def _version(tensor: torch.Tensor) -> int:
+    """The tensor's version counter; inference tensors have none (-1: never reused, since
+    an in-place update could not be detected)."""
+    return -1 if tensor.is_inference() else tensor._version
+
+
+class _Seen:
+    """A tensor already recorded since the last flush: its copy, its statistics."""
+
+    __slots__ = ("tensor", "version", "buf", "event", "fmt", "host_future", "device_handle")
+
+    def __init__(self, tensor_ref, version: int):
+        self.tensor = tensor_ref
+        self.version = version
+        self.buf = None            # weakref to the host copy (alive while a write job holds it)
+        self.event = None
+        self.fmt = "DefaultFormat"
+        self.host_future = None    # the job computing its host statistics
+        self.device_handle = None  # its device statistics in the current batch
+
+
 class _PendingRows:
     """statistic.csv rows of one folder, waiting for their device values / host cells."""
 
@@ -88,6 +110,7 @@ class Recorder:
             from .stats import StatsEngine
             self.stats = StatsEngine(cfg)
         self._pending: Dict[str, _PendingRows] = {}
+        self._seen: Dict[int, _Seen] = {}
         self._csv: Dict[str, StatisticCsv] = {}
         self._kernel_args_done: set = set()
         self._lock = threading.RLock()
@@ -114,15 +137,22 @@ class Recorder:
         want_file = cfg.dump_tensors
         stats = self.stats
         need_copy = want_file or (stats is not None and stats.needs_host_copy)
+        seen = self._seen_entry(tensor)
         host_future = None
         if need_copy:
             nbytes = tensor.numel() * tensor.element_size()
-            self.writer.reserve(nbytes)
-            try:
-                buf, event, fmt = _copy_out(tensor, cfg.trans_flag)
-            except BaseException:
-                self.writer.release(nbytes)
-                raise
+            buf = seen.buf() if seen is not None and seen.buf is not None else None
+            buf_new = buf is None
+            if not buf_new:              # the same tensor again (an op's input = an earlier op's output)
+                event, fmt = seen.event, seen.fmt
+                self.writer.reserve(nbytes)
+            else:
+                self.writer.reserve(nbytes)
+                try:
+                    buf, event, fmt = _copy_out(tensor, cfg.trans_flag)
+                except BaseException:
+                    self.writer.release(nbytes)
+                    raise
             if want_file:
                 if parameter:
                     name = parameter_file_name(op_name, ts, dtype)
@@ -130,8 +160,16 @@ class Recorder:
                     name = tensor_file_name(stem or file_stem(op_type, op_name), 0, stream, ts, io, slot, fmt, dtype)
             else:
                 name = None
-            host_future = self.writer.submit(
-                lambda: self._write_job(folder, name, buf, event), nbytes, reserved=True)
+            # host statistics come from the very copy the file is written from
+            host_stats = buf_new or seen is None or seen.host_future is None
+            future = self.writer.submit(
+                lambda: self._write_job(folder, name, buf, event, host_stats), nbytes, reserved=True)
+            host_future = future if host_stats else seen.host_future
+            if seen is None:
+                seen = self._remember(tensor)
+            seen.buf, seen.event, seen.fmt = weakref.ref(buf), event, fmt
+            if host_stats:
+                seen.host_future = future
         self.tensors_recorded += 1
         if stats is not None:
             from .stats import format_shape
@@ -140,13 +178,47 @@ class Recorder:
             # Launch, append and collect share one lock, so a handle always belongs
             # to the batch that is collected with its row.
             with self._lock:
-                device_handle = stats.device_launch(tensor)
+                if seen is not None and seen.device_handle is not None:
+                    device_handle = seen.device_handle
+                else:
+                    device_handle = stats.device_launch(tensor)
+                    if device_handle is not None:
+                        if seen is None:
+                            seen = self._remember(tensor)
+                        seen.device_handle = device_handle
                 pending = self._pending.get(folder)
                 if pending is None:
                     pending = self._pending[folder] = _PendingRows(folder)
                 pending.rows.append((prefix, device_handle, host_future))
 
-    def _write_job(self, folder: str, name: Optional[str], buf: torch.Tensor, event) -> Optional[Dict[str, str]]:
+    # ------------------------------------------------------------------ same tensor, seen again
+    def _seen_entry(self, tensor: torch.Tensor) -> Optional["_Seen"]:
+        """What was already done for this very tensor (same object, unmodified) since the last flush.
+
+        An operator's input is usually an earlier operator's output: its statistics are
+        computed once and its host copy is shared by both files.  Only weak references
+        are kept, so nothing stays alive (the writer's byte budget still bounds memory).
+        """
+        entry = self._seen.get(id(tensor))
+        if (entry is None or entry.version < 0 or entry.tensor() is not tensor
+                or entry.version != _version(tensor)):
+            return None
+        return entry
+
+    def forget(self, tensor: torch.Tensor) -> None:
+        """``tensor`` was just written in place: its next recording computes everything anew.
+
+        (Inside a dispatch mode the version counter is not a reliable witness of an
+        operator's own in-place write, so the eager front-end says it explicitly.)"""
+        self._seen.pop(id(tensor), None)
+
+    def _remember(self, tensor: torch.Tensor) -> "_Seen":
+        entry = _Seen(weakref.ref(tensor), _version(tensor))
+        self._seen[id(tensor)] = entry
+        return entry
+
+    def _write_job(self, folder: str, name: Optional[str], buf: torch.Tensor, event,
+                   host_stats: bool = True) -> Optional[Dict[str, str]]:
         if event is not None:
             event.synchronize()
         if name is not None:
@@ -154,7 +226,7 @@ class Recorder:
             array = to_numpy(buf)
             atomic_save_npy(path, array)
             self.writer.count(array.nbytes)
-        if self.stats is not None and self.stats.needs_host_copy:
+        if host_stats and self.stats is not None and self.stats.needs_host_copy:
             return self.stats.host_cells(buf)
         return None
 
@@ -185,10 +257,12 @@ class Recorder:
 
     # ------------------------------------------------------------------ flushing
     def flush_statistics(self) -> None:
-        """Collect device statistics (one sync) and queue the statistic.csv rows."""
-        if self.stats is None:
-            return
+        """End of a graph call / eager flush: collect device statistics (one sync), queue
+        the statistic.csv rows, and forget which tensors were seen."""
         with self._lock:
+            self._seen.clear()
+            if self.stats is None:
+                return
             pending, self._pending = self._pending, {}
             if not pending:
                 return

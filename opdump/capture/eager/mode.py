@@ -54,6 +54,7 @@ Decisions (README-ready):
 """
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from typing import Any, Dict, Iterable, List, Optional, Tuple
@@ -478,6 +479,9 @@ class EagerCapture:
             if kernel_args:
                 recorder.record_kernel_args(folder, op)
         out = func(*args, **kwargs)
+        if selected and _writes(func):      # its arguments changed: recorded copies/statistics are stale
+            for t in _flat_tensors(args, _flat_tensors(kwargs.values(), [])):
+                recorder.forget(t)
         dump_out = selected and cfg.dump_outputs
         if dump_out or listing:
             mutated = self._mutated_args(func)
@@ -527,6 +531,13 @@ class EagerCapture:
         else:
             for k, t in enumerate(outputs):
                 producers[t] = f"%{op.index}[{k}]"
+
+
+@functools.lru_cache(maxsize=None)
+def _writes(func) -> bool:
+    """Does the operator write to any of its arguments (in-place / out= variants)?"""
+    schema = getattr(func, "_schema", None)
+    return bool(schema is not None and schema.is_mutable)
 
 
 def _flat_tensors(values, out: List[torch.Tensor]) -> List[torch.Tensor]:
