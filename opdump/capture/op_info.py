@@ -32,6 +32,7 @@ class OpInfo:
     input_meta: List[Tuple[Tuple[Any, ...], str]] = field(default_factory=list)   # (shape, dtype)
     output_meta: List[Tuple[Tuple[Any, ...], str]] = field(default_factory=list)
     selected: bool = True
+    mutates: bool = False              # writes to an argument (in-place / out=)
     node_name: str = ""
     arg_text: str = ""                 # inputs as written in the .ir line
 

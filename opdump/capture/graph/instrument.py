@@ -92,6 +92,8 @@ def _tap_outputs(rid: int, index: int, value) -> None:
     # (e.g. convolution_backward's grad_input of a first layer) keeps its slot.
     for slot, t in enumerate(pytree.tree_leaves(value)):
         if isinstance(t, torch.Tensor):
+            if op.mutates:         # written in place: what was recorded of it before is stale
+                rt.recorder.forget(t)
             record(rt.folder, op, "output", slot, t)
 
 

@@ -83,6 +83,7 @@ def read_ops(gm: fx.GraphModule, kind: str, root_class: Optional[str]) -> List[T
             input_meta=[_meta(n.meta["val"]) for n in tensor_inputs(node)],
             output_meta=[_meta(v) for v in outputs],
             node_name=node.name,
+            mutates=bool(getattr(getattr(node.target, "_schema", None), "is_mutable", False)),
             arg_text=", ".join(_describe(a) for a in node.args)
             + "".join(f", {k}={_describe(v)}" for k, v in node.kwargs.items()),
         )
