@@ -1,0 +1,353 @@
+"""Timing, configs, dump-folder housekeeping and machine facts for ``bench/run.py``.
+
+Measuring on a shared 2-core machine: every ratio is taken between two step
+functions run *interleaved* in the same process (rounds of baseline steps, then
+rounds of the measured mode's steps), so that a neighbour's load hits both sides
+alike; medians, never means.
+"""
+from __future__ import annotations
+
+import datetime
+import gc
+import glob
+import json
+import os
+import platform
+import re
+import resource
+import shutil
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+
+
+# --------------------------------------------------------------------------- timing
+@dataclass
+class Side:
+    """One side of an interleaved measurement."""
+
+    step: Callable[[], None]
+    enter: Optional[Callable[[], None]] = None      # before each block (untimed)
+    exit: Optional[Callable[[], None]] = None       # after each block (untimed)
+    drain: Optional[Callable[[], None]] = None      # after each block, timed apart (writer flush)
+    after_block: Optional[Callable[[], None]] = None  # after drain, untimed (delete old files)
+    times: List[float] = field(default_factory=list)
+    cpu: List[float] = field(default_factory=list)      # process CPU seconds per step (all threads)
+    blocks: List[List[float]] = field(default_factory=list)
+    drains: List[float] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times)
+
+    @property
+    def amortized(self) -> float:
+        """Per step, including the time to drain the writer after each block."""
+        return (sum(self.times) + sum(self.drains)) / len(self.times)
+
+    @property
+    def cpu_median(self) -> float:
+        return statistics.median(self.cpu)
+
+    @property
+    def spread(self) -> float:
+        """(max - min) / median of the timed steps: how noisy this side was."""
+        return (max(self.times) - min(self.times)) / self.median if self.times else float("nan")
+
+
+def run_block(side: Side, n: int) -> None:
+    if side.enter:
+        side.enter()
+    block: List[float] = []
+    try:
+        for _ in range(n):
+            c0 = time.process_time()
+            t0 = time.perf_counter()
+            side.step()
+            t1 = time.perf_counter()
+            side.cpu.append(time.process_time() - c0)
+            side.times.append(t1 - t0)
+            block.append(t1 - t0)
+    finally:
+        side.blocks.append(block)
+        if side.exit:
+            side.exit()
+    if side.drain:
+        t0 = time.perf_counter()
+        side.drain()
+        side.drains.append(time.perf_counter() - t0)
+    if side.after_block:
+        side.after_block()
+
+
+def interleave(base: Side, mode: Side, rounds: int, per_round: int) -> float:
+    """``rounds`` × (``per_round`` baseline steps, ``per_round`` mode steps).
+
+    Waits first (≤ 20 s) for the neighbours to quieten; returns the CPU cores other
+    processes used meanwhile (a noise indicator for the report).
+    """
+    gc.collect()
+    gc.freeze()     # later automatic collections skip everything alive now (cheap, and rare)
+    wait_quiet()
+    a = cpu_snapshot()
+    for r in range(rounds):
+        run_block(base, per_round)
+        run_block(mode, per_round)
+    return others_cores(a, cpu_snapshot())
+
+
+def paired_ratio(base: Side, mode: Side) -> float:
+    """Median over rounds of (mode block median / the baseline block run just before it)."""
+    ratios = [statistics.median(m) / statistics.median(b) for b, m in zip(base.blocks, mode.blocks) if b and m]
+    return statistics.median(ratios)
+
+
+def rounds_for(step_s: float, per_round: int, *, target_s: float, lo: int, hi: int) -> int:
+    """Rounds so that each side runs about ``target_s`` seconds, within [lo, hi]."""
+    import math
+    if step_s <= 0:
+        return hi
+    return max(lo, min(hi, math.ceil(target_s / (step_s * per_round))))
+
+
+def warm(step: Callable[[], None], n: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(n):
+        step()
+    return time.perf_counter() - t0
+
+
+# --------------------------------------------------------------------------- configs
+def write_config(folder: str, dump_path: str, *, iteration: str = "all", saved_data: str = "tensor",
+                 stat_calc_mode: Optional[str] = None, queue_mb: Optional[int] = None,
+                 extra_e2e: Optional[Dict] = None) -> str:
+    """A MindSpore data_dump.json (the seed's CPU/GPU example) in ``folder`` → its path."""
+    cfg = {
+        "common_dump_settings": {
+            "op_debug_mode": 0, "dump_mode": 0, "path": dump_path, "net_name": "Net",
+            "iteration": iteration, "saved_data": saved_data, "input_output": 0, "kernels": [],
+            "support_device": [0, 1, 2, 3, 4, 5, 6, 7],
+        },
+        "e2e_dump_settings": {"enable": True, "trans_flag": True},
+    }
+    if stat_calc_mode:
+        cfg["e2e_dump_settings"]["stat_calc_mode"] = stat_calc_mode
+    if extra_e2e:
+        cfg["e2e_dump_settings"].update(extra_e2e)
+    if queue_mb:
+        cfg["opdump_settings"] = {"writer_queue_mb": queue_mb}
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "data_dump.json")
+    with open(path, "w") as f:
+        json.dump(cfg, f, indent=2)
+    return path
+
+
+# --------------------------------------------------------------------------- dump folders
+def iteration_dirs(dump_path: str) -> Dict[int, List[str]]:
+    """iteration → its folders (one per graph id) under ``dump_path``."""
+    out: Dict[int, List[str]] = {}
+    for d in glob.glob(os.path.join(dump_path, "rank_*", "*", "*", "*")):
+        name = os.path.basename(d)
+        if name.isdigit() and os.path.isdir(d):
+            out.setdefault(int(name), []).append(d)
+    return out
+
+
+def prune_iterations(dump_path: str, keep_last: bool = True) -> None:
+    """Delete finished iteration folders (all but the newest when ``keep_last``)."""
+    its = iteration_dirs(dump_path)
+    if not its:
+        return
+    newest = max(its)
+    for it, dirs in its.items():
+        if keep_last and it == newest:
+            continue
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def load_iteration_arrays(dump_path: str) -> List[np.ndarray]:
+    """Every ``.npy`` of the newest dumped iteration, read into memory."""
+    its = iteration_dirs(dump_path)
+    if not its:
+        return []
+    arrays = []
+    for d in its[max(its)]:
+        for p in sorted(glob.glob(os.path.join(d, "*.npy"))):
+            arrays.append(np.load(p, allow_pickle=False))
+    return arrays
+
+
+def sync_disk() -> None:
+    """Write dirty pages back, so that timed write phases start from the same page-cache state."""
+    try:
+        os.sync()
+    except AttributeError:  # pragma: no cover - not on Linux
+        pass
+
+
+def numpy_save_rate(arrays: List[np.ndarray], folder: str, rounds: int, per_round: int) -> Dict:
+    """bytes/s of a plain ``numpy.save`` loop writing ``arrays`` ``per_round`` times per round."""
+    nbytes = sum(a.nbytes for a in arrays)
+    total_bytes = 0
+    total_time = 0.0
+    files = 0
+    for r in range(rounds):
+        sync_disk()
+        target = os.path.join(folder, f"npsave-{r}")
+        os.makedirs(target, exist_ok=True)
+        t0 = time.perf_counter()
+        for k in range(per_round):
+            for i, a in enumerate(arrays):
+                np.save(os.path.join(target, f"a{k}-{i}.npy"), a, allow_pickle=False)
+                files += 1
+        total_time += time.perf_counter() - t0
+        total_bytes += nbytes * per_round
+        shutil.rmtree(target, ignore_errors=True)
+    return {"bytes": total_bytes, "seconds": total_time, "files": files,
+            "rate": total_bytes / total_time if total_time > 0 else float("nan")}
+
+
+# --------------------------------------------------------------------------- machine
+def peak_rss_mib() -> float:
+    """Peak resident memory of this process image (VmHWM).
+
+    Not ``ru_maxrss``: Linux carries that across fork + exec, so a child started by a
+    big parent would report the parent's peak.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except (OSError, ValueError, IndexError):
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def machine_info(tmp_dir: str) -> Dict[str, str]:
+    import torch
+    info: Dict[str, str] = {}
+    cpu = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    mem = "unknown"
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal"):
+                    kb = int(re.findall(r"\d+", line)[0])
+                    mem = f"{kb / 1024 / 1024:.1f} GiB"
+                    break
+    except OSError:
+        pass
+    info["cpu"] = cpu
+    info["cores"] = str(os.cpu_count())
+    info["torch threads"] = str(torch.get_num_threads())
+    info["ram"] = mem
+    info["os"] = f"{platform.system()} {platform.release()}"
+    info["python"] = platform.python_version()
+    info["torch"] = torch.__version__
+    info["numpy"] = np.__version__
+    try:
+        from opdump.version import __version__
+        info["opdump"] = __version__
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        import subprocess
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+        if rev:
+            info["opdump commit"] = rev
+    except Exception:  # noqa: BLE001
+        pass
+    st = os.statvfs(tmp_dir)
+    info["dump folder"] = f"{tmp_dir} (device {os.stat(tmp_dir).st_dev}, {st.f_bavail * st.f_frsize / 2**30:.0f} GiB free)"
+    info["date"] = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    try:
+        info["load average at start"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        pass
+    return info
+
+
+# --------------------------------------------------------------------------- formatting
+def ms(seconds: Optional[float]) -> str:
+    return "–" if seconds is None else f"{seconds * 1e3:.1f}"
+
+
+def ratio(x: Optional[float]) -> str:
+    return "–" if x is None else f"{x:.2f}×"
+
+
+def mbps(rate: Optional[float]) -> str:
+    return "–" if rate is None else f"{rate / 1e6:.0f} MB/s"
+
+
+def statistic_volume(dump_path: str) -> Dict[str, float]:
+    """Rows and tensor MiB in the statistic.csv files of the newest dumped iteration."""
+    import csv
+    its = iteration_dirs(dump_path)
+    if not its:
+        return {}
+    rows = 0
+    nbytes = 0
+    for d in its[max(its)]:
+        path = os.path.join(d, "statistic.csv")
+        if not os.path.exists(path):
+            continue
+        with open(path, newline="") as f:
+            for rec in csv.DictReader(f):
+                rows += 1
+                try:
+                    nbytes += int(rec.get("Data Size") or 0)
+                except ValueError:
+                    pass
+    return {"stat_rows_per_step": rows, "stat_mib_per_step": nbytes / 2**20}
+
+
+# --------------------------------------------------------------------------- neighbours
+_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_snapshot():
+    """(machine busy CPU-seconds, this process's CPU-seconds, monotonic time)."""
+    try:
+        with open("/proc/stat") as f:
+            vals = [int(x) for x in f.readline().split()[1:9]]
+        busy = (sum(vals) - vals[3] - vals[4]) / _TCK
+    except (OSError, ValueError, IndexError):
+        busy = float("nan")
+    t = os.times()
+    return busy, t.user + t.system, time.monotonic()
+
+
+def others_cores(a, b) -> float:
+    """CPU cores used by other processes between two snapshots (machine busy − ours)."""
+    dt = b[2] - a[2]
+    if dt <= 0:
+        return float("nan")
+    return max(0.0, ((b[0] - a[0]) - (b[1] - a[1])) / dt)
+
+
+def wait_quiet(threshold: float = 0.25, max_wait: float = 20.0, window: float = 0.5) -> float:
+    """Wait (at most ``max_wait`` s) until other processes use < ``threshold`` cores; returns the last load."""
+    deadline = time.monotonic() + max_wait
+    load = float("nan")
+    while True:
+        a = cpu_snapshot()
+        time.sleep(window)
+        load = others_cores(a, cpu_snapshot())
+        if not load >= threshold or time.monotonic() >= deadline:
+            return load

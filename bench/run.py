@@ -1,0 +1,1070 @@
+#!/usr/bin/env python
+"""opdump's benchmarks (issue 5): one command, writes BENCHMARKS.md.
+
+    .venv/bin/python bench/run.py [--quick] [--out BENCHMARKS.md]
+
+For each model (AlexNet, a 4-layer transformer encoder, a wide MLP) it times a
+training step in: plain eager; plain compiled (inductor); opdump's backend with
+the timed iterations not selected; graph-mode dumps (statistic host / device,
+tensor, full); eager capture (not selected, statistic host / device, tensor).
+Each ratio is against the baseline measured interleaved with it in this same
+process (graph not-selected vs plain compiled, every dump vs plain eager).
+Tensor dumps are also measured in bytes/s against a plain ``numpy.save`` loop of
+the same arrays into the same folder.  Then: peak RSS with and without dump
+(child processes), overhead vs number of layers / tensor size, a profile of a
+dumped AlexNet step, and MindStudio Probe on the same models when it installs.
+
+``--quick``: smaller models, 2 timed steps, no MindStudio Probe — a smoke check.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import io
+import json
+import os
+import pstats
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from typing import Any, Callable, Dict, List
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+
+import opdump  # noqa: E402
+from bench import harness as H  # noqa: E402
+from bench import models as M  # noqa: E402
+
+FAR = "1000000000"          # an iteration the run never reaches: nothing selected
+MEMORY_QUEUE_MB = 64
+MSPROBE_VENV = os.environ.get("OPDUMP_BENCH_MSPROBE_VENV", os.path.join(tempfile.gettempdir(),
+                                                                          "opdump-msprobe-venv"))
+
+GRAPH_MODES = [
+    # label, config keywords, baseline ("eager" | "compiled")
+    ("graph not-selected", dict(iteration=FAR), "compiled"),
+    ("graph statistic host", dict(saved_data="statistic", stat_calc_mode="host"), "eager"),
+    ("graph statistic device", dict(saved_data="statistic", stat_calc_mode="device"), "eager"),
+    ("graph tensor", dict(saved_data="tensor"), "eager"),
+    ("graph full", dict(saved_data="full"), "eager"),
+]
+EAGER_MODES = [
+    ("eager not-selected", dict(iteration=FAR)),
+    ("eager statistic host", dict(saved_data="statistic", stat_calc_mode="host")),
+    ("eager statistic device", dict(saved_data="statistic", stat_calc_mode="device")),
+    ("eager tensor", dict(saved_data="tensor")),
+]
+
+
+_T0 = time.perf_counter()
+
+
+# --quick: every mode on AlexNet, a few on the others (a smoke check of every code path)
+QUICK_MODES = {
+    "alexnet": None,
+    "transformer": {"graph statistic device", "eager statistic device"},
+    "mlp": {"graph not-selected", "graph tensor"},
+}
+
+
+def log(*a) -> None:
+    print(f"{time.perf_counter() - _T0:6.1f}s", *a, file=sys.stderr, flush=True)
+
+
+def eager_capture_class():
+    """``opdump.capture.eager.EagerCapture``, or the reason it is not available."""
+    try:
+        from opdump.capture.eager import EagerCapture  # type: ignore
+        return EagerCapture, None
+    except Exception as exc:  # noqa: BLE001
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+class EagerToggle:
+    """Eager capture on around each timed block of the mode, off around the baseline's.
+
+    One ``EagerCapture`` per mode, stopped and started again between blocks, so its
+    one-time work (graph id, the listing written on its first dumped iteration) is
+    done in the warm-up like a real run's.  ``EagerCapture.start()`` refuses a
+    second start; the bench clears its ``_started`` flag to restart it (a bench-only
+    workaround: stop() already uninstalled everything).  If that ever fails, a new
+    capture is made per block.
+    """
+
+    def __init__(self, cls, session):
+        self.cls = cls
+        self.session = session
+        self.cap = None
+        self.restarts = 0
+        self.fresh = 0
+
+    def enter(self):
+        if self.cap is None:
+            self.cap = self.cls(self.session)
+            self.cap.start()
+            self.fresh += 1
+            return
+        try:
+            if getattr(self.cap, "_started", False):
+                self.cap._started = False
+            self.cap.start()
+            self.restarts += 1
+        except Exception:  # noqa: BLE001
+            self.cap = self.cls(self.session)
+            self.cap.start()
+            self.fresh += 1
+
+    def exit(self):
+        if self.cap is not None:
+            self.cap.stop()
+
+
+# =========================================================================== one mode
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.quick = args.quick
+        self.warmup = 2
+        self.est: Dict[str, float] = {}     # plain eager step estimate per model, for the schedule
+        self.tmp = tempfile.mkdtemp(prefix="opdump-bench-", dir=args.tmp)
+        self.eager_cls, self.eager_missing = eager_capture_class()
+        torch._dynamo.config.cache_size_limit = 64
+        if hasattr(torch._dynamo.config, "accumulated_cache_size_limit"):
+            torch._dynamo.config.accumulated_cache_size_limit = 1024
+
+    def folder(self, label: str) -> str:
+        d = os.path.join(self.tmp, label.replace(" ", "-"))
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+        return d
+
+    def schedule(self, step_s: float, writes: bool):
+        """(rounds, steps per round): ≥ 7 timed steps per side (≥ 6 for tensor dumps), about 3 s a side.
+
+        Modes that write files run 2 steps per block (so the writer's queue builds up as
+        in a long run) and drain the writer after each block; the others alternate
+        step by step with their baseline.  ``--quick``: 2 timed steps.
+        """
+        if self.quick:
+            return (1, 2) if writes else (2, 1)
+        if writes:
+            return H.rounds_for(step_s, 2, target_s=1.0, lo=3, hi=6), 2
+        return H.rounds_for(step_s, 1, target_s=3.0, lo=7, hi=40), 1
+
+    def pair(self, base_step, mode: H.Side, step_s: float, writes: bool = False) -> H.Side:
+        base = H.Side(base_step)
+        self.last_schedule = self.schedule(step_s, writes)
+        base.neighbours = H.interleave(base, mode, *self.last_schedule)
+        return base
+
+    def dump_mode(self, label: str, build: Callable[[], M.Workload], cfgkw: Dict, base_step,
+                  *, graph: bool, step_s: float, throughput: bool = False) -> Dict[str, Any]:
+        """Time ``label`` (a dump config) against ``base_step``, interleaved; dump deleted after."""
+        d = self.folder(label)
+        dump = os.path.join(d, "dump")
+        cfg = H.write_config(d, dump, **cfgkw)
+        out: Dict[str, Any] = {"mode": label}
+        arrays = None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            session = opdump.Session(cfg)
+            session.__enter__()
+            try:
+                w = build()
+                toggle = None
+                if graph:
+                    w.run_model = torch.compile(w.model, backend=session.backend())
+                else:
+                    toggle = EagerToggle(self.eager_cls, session)
+                if toggle:
+                    toggle.enter()
+                try:
+                    out["warmup_s"] = H.warm(w.step, self.warmup)
+                finally:
+                    if toggle:
+                        toggle.exit()
+                session.writer.flush()
+                H.prune_iterations(dump, keep_last=False)
+                b0, f0 = session.writer.bytes_written, session.writer.files_written
+                r0 = session.recorder.tensors_recorded
+                writes = cfgkw.get("saved_data", "tensor") in ("tensor", "full") and "iteration" not in cfgkw
+
+                def enter():
+                    if writes:
+                        H.sync_disk()
+                    if toggle:
+                        toggle.enter()
+
+                mode = H.Side(w.step, enter=enter, exit=toggle.exit if toggle else None,
+                              drain=session.writer.flush,
+                              after_block=lambda: H.prune_iterations(dump, keep_last=True))
+                base = self.pair(base_step, mode, step_s, writes)
+                n = len(mode.times)
+                sched = self.last_schedule
+                if toggle:
+                    out["eager_captures"] = toggle.fresh
+                out.update(self._summary(base, mode))
+                out["bytes_per_step"] = (session.writer.bytes_written - b0) / n
+                out["files_per_step"] = (session.writer.files_written - f0) / n
+                out["tensors_per_step"] = (session.recorder.tensors_recorded - r0) / n
+                if writes and throughput:
+                    total = sum(mode.times) + sum(mode.drains)
+                    nbytes = session.writer.bytes_written - b0
+                    out["dump_bytes"] = nbytes
+                    out["dump_rate_raw"] = nbytes / total
+                    added = total - n * base.median
+                    out["dump_rate_effective"] = nbytes / added if added > 0 else None
+                    arrays = H.load_iteration_arrays(dump)
+                errors = list(session.writer.errors)
+                if errors:
+                    out["errors"] = [repr(e) for e in errors[:3]]
+            finally:
+                t0 = time.perf_counter()
+                session.__exit__(None, None, None)
+                out["close_s"] = time.perf_counter() - t0
+        if cfgkw.get("saved_data") in ("statistic", "full") and "iteration" not in cfgkw:
+            out.update(H.statistic_volume(dump))
+        if arrays:
+            H.prune_iterations(dump, keep_last=False)
+            npr = H.numpy_save_rate(arrays, os.path.join(dump, "numpy-save"), *sched)
+            out["numpy_rate"] = npr["rate"]
+            out["numpy_files"] = npr["files"]
+            out["throughput_ratio_raw"] = out["dump_rate_raw"] / npr["rate"]
+            if out.get("dump_rate_effective"):
+                out["throughput_ratio_effective"] = out["dump_rate_effective"] / npr["rate"]
+            del arrays
+        shutil.rmtree(d, ignore_errors=True)
+        gc.collect()
+        return out
+
+    @staticmethod
+    def estimate(step, n: int = 3) -> float:
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - t0)
+        return sorted(times)[len(times) // 2]
+
+    @staticmethod
+    def _summary(base: H.Side, mode: H.Side) -> Dict[str, Any]:
+        return {
+            "median": mode.median, "base_median": base.median, "ratio": mode.median / base.median,
+            "paired_ratio": H.paired_ratio(base, mode), "cpu_ratio": mode.cpu_median / base.cpu_median,
+            "amortized": mode.amortized, "amortized_ratio": mode.amortized / base.median,
+            "steps": len(mode.times), "spread": mode.spread, "base_spread": base.spread,
+            "neighbours": getattr(base, "neighbours", float("nan")),
+        }
+
+    # ======================================================================= one model
+    def model(self, name: str) -> Dict[str, Any]:
+        build = lambda: M.BUILDERS[name](quick=self.quick)  # noqa: E731
+        torch._dynamo.reset()
+        res: Dict[str, Any] = {"name": name, "rows": []}
+        base = build()
+        res["describe"] = base.describe
+        H.warm(base.step, self.warmup)
+        est = self.estimate(base.step)
+        comp = build()
+        comp.run_model = torch.compile(comp.model)
+        log(f"[{name}] compiling with inductor")
+        compile_s = H.warm(comp.step, self.warmup)
+        cmode = H.Side(comp.step)
+        b = self.pair(base.step, cmode, est)
+        res["rows"].append({"mode": "plain eager", "median": b.median, "ratio": 1.0, "baseline": "–",
+                            "steps": len(b.times), "spread": b.spread})
+        res["rows"].append({"mode": "plain compiled (inductor)", "baseline": "plain eager",
+                            "warmup_s": compile_s, **self._summary(b, cmode)})
+        wanted = QUICK_MODES.get(name) if self.quick else None
+        for label, cfgkw, against in GRAPH_MODES:
+            if wanted is not None and label not in wanted:
+                continue
+            log(f"[{name}] {label}")
+            base_step = comp.step if against == "compiled" else base.step
+            try:
+                row = self.dump_mode(label, build, cfgkw, base_step, graph=True, step_s=est, throughput=True)
+            except Exception as exc:  # noqa: BLE001 - one failing mode does not lose the report
+                traceback.print_exc()
+                row = {"mode": label, "error": f"{type(exc).__name__}: {exc}"}
+            row["baseline"] = "plain compiled" if against == "compiled" else "plain eager"
+            res["rows"].append(row)
+        for label, cfgkw in EAGER_MODES:
+            if wanted is not None and label not in wanted:
+                continue
+            if self.eager_cls is None:
+                res["rows"].append({"mode": label, "baseline": "plain eager",
+                                    "error": f"not available ({self.eager_missing})"})
+                continue
+            log(f"[{name}] {label}")
+            try:
+                row = self.dump_mode(label, build, cfgkw, base.step, graph=False, step_s=est, throughput=True)
+            except Exception as exc:  # noqa: BLE001
+                traceback.print_exc()
+                row = {"mode": label, "error": f"{type(exc).__name__}: {exc}"}
+            row["baseline"] = "plain eager"
+            res["rows"].append(row)
+        del comp, base
+        torch._dynamo.reset()
+        gc.collect()
+        return res
+
+    # ======================================================================= scaling
+    def scaling(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {"layers": [], "width": []}
+        layers = (1, 2) if self.quick else (2, 4, 8)
+        widths = () if self.quick else (1024, 2048, 4096)
+        cfgkw = dict(saved_data="statistic", stat_calc_mode="device")
+        for nl in layers:
+            log(f"[scaling] transformer {nl} layers")
+            torch._dynamo.reset()
+            build = lambda nl=nl: M.transformer(self.quick, layers=nl)  # noqa: E731
+            base = build()
+            H.warm(base.step, self.warmup)
+            est = self.estimate(base.step)
+            row = {"layers": nl}
+            try:
+                row["graph"] = self.dump_mode(f"scale-graph-{nl}L", build, cfgkw, base.step, graph=True, step_s=est)
+                if self.eager_cls is not None and not self.quick:
+                    row["eager"] = self.dump_mode(f"scale-eager-{nl}L", build, cfgkw, base.step, graph=False,
+                                                  step_s=est)
+            except Exception as exc:  # noqa: BLE001
+                traceback.print_exc()
+                row["error"] = f"{type(exc).__name__}: {exc}"
+            out["layers"].append(row)
+        for width in widths:
+            log(f"[scaling] mlp width {width}")
+            torch._dynamo.reset()
+            build = lambda width=width: M.mlp(self.quick, width=width)  # noqa: E731
+            base = build()
+            H.warm(base.step, self.warmup)
+            est = self.estimate(base.step)
+            row = {"width": width}
+            try:
+                row["graph"] = self.dump_mode(f"scale-graph-w{width}", build, cfgkw, base.step, graph=True,
+                                              step_s=est)
+            except Exception as exc:  # noqa: BLE001
+                traceback.print_exc()
+                row["error"] = f"{type(exc).__name__}: {exc}"
+            out["width"].append(row)
+        torch._dynamo.reset()
+        return out
+
+    # ======================================================================= memory
+    def memory(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {"queue_mb": MEMORY_QUEUE_MB, "runs": {}}
+        modes = ["plain-eager", "plain-aot-eager", "graph-tensor", "graph-statistic-device"]
+        if self.quick:
+            modes = ["plain-eager", "plain-aot-eager", "graph-tensor"]
+        elif self.eager_cls is not None:
+            modes.append("eager-tensor")
+        for mode in modes:
+            log(f"[memory] {mode}")
+            cmd = [sys.executable, os.path.abspath(__file__), "--child-memory", mode, "--tmp", self.tmp]
+            if self.quick:
+                cmd.append("--quick")
+            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+            line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("RESULT ")), None)
+            if proc.returncode != 0 or line is None:
+                out["runs"][mode] = {"error": (proc.stderr or proc.stdout).strip().splitlines()[-1:]}
+            else:
+                out["runs"][mode] = json.loads(line[len("RESULT "):])
+        return out
+
+    # ======================================================================= profile
+    def profile(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {}
+        for label, cfgkw in (("statistic device", dict(saved_data="statistic", stat_calc_mode="device")),
+                             ("tensor", dict(saved_data="tensor"))):
+            log(f"[profile] alexnet graph {label}")
+            torch._dynamo.reset()
+            d = self.folder("profile-" + label)
+            dump = os.path.join(d, "dump")
+            cfg = H.write_config(d, dump, **cfgkw)
+            steps = 1 if self.quick else 3
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                with opdump.Session(cfg) as session:
+                    w = M.alexnet(self.quick)
+                    w.run_model = torch.compile(w.model, backend=session.backend())
+                    H.warm(w.step, self.warmup)
+                    session.writer.flush()
+                    prof = cProfile.Profile()
+                    t0 = time.perf_counter()
+                    prof.enable()
+                    for _ in range(steps):
+                        w.step()
+                    session.writer.flush()
+                    prof.disable()
+                    wall = (time.perf_counter() - t0) / steps
+                    from torch.profiler import ProfilerActivity, profile as tprofile
+                    with tprofile(activities=[ProfilerActivity.CPU]) as tp:
+                        for _ in range(steps):
+                            w.step()
+                        session.writer.flush()
+            out[label] = {"step_s": wall, "python": _top_python(prof, steps),
+                          "buckets": _buckets(prof, steps, wall), "ops": _top_ops(tp, steps), "steps": steps}
+            shutil.rmtree(d, ignore_errors=True)
+        log("[profile] primitives (child process)")
+        cmd = [sys.executable, os.path.abspath(__file__), "--child-probes"] + (["--quick"] if self.quick else [])
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("RESULT ")), None)
+        if line is not None:
+            out["_probes"] = json.loads(line[len("RESULT "):])
+        return out
+
+    # ======================================================================= msprobe
+    def msprobe(self) -> Dict[str, Any]:
+        if self.quick:
+            return {"status": "skipped in --quick"}
+        py = os.path.join(MSPROBE_VENV, "bin", "python")
+        setup = {}
+        if not _has_msprobe(py):
+            if self.args.no_msprobe_setup:
+                return {"status": f"not run: no MindStudio Probe environment at {MSPROBE_VENV} "
+                                  f"(run without --no-msprobe-setup to create it)"}
+            setup = setup_msprobe_venv(MSPROBE_VENV)
+            if not setup.get("ok"):
+                return {"status": "could not be installed", **setup}
+        log("[msprobe] running in its own environment")
+        result: Dict[str, Any] = {"status": "ok", "models": {}, **setup}
+        for task in ("statistics", "tensor"):
+            cmd = [py, os.path.join(HERE, "msprobe_child.py"), "--tmp", self.tmp, "--tasks", task]
+            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+            line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("RESULT ")), None)
+            if proc.returncode != 0 or line is None:
+                tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
+                return {"status": f"installed but failed to run ({task})", "message": tail, **setup}
+            data = json.loads(line[len("RESULT "):])
+            result["version"] = data.get("version")
+            for name, r in data["models"].items():
+                result["models"].setdefault(name, {}).update(r)
+        return result
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+# =========================================================================== helpers
+def _short_path(path: str) -> str:
+    for marker in ("site-packages/", "/work/main/", ROOT + "/"):
+        if marker in path:
+            return path.split(marker, 1)[1]
+    return path
+
+
+def _top_python(prof: cProfile.Profile, steps: int, n: int = 14) -> List[Dict[str, Any]]:
+    stats = pstats.Stats(prof, stream=io.StringIO())
+    rows = []
+    for (file, line, func), (cc, nc, tt, ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+        rows.append({"func": f"{_short_path(file)}:{line}({func})", "calls": nc / steps,
+                     "tottime": tt / steps, "cumtime": ct / steps})
+    rows.sort(key=lambda r: r["tottime"], reverse=True)
+    return rows[:n]
+
+
+_BUCKETS = (
+    ("statistic kernels (aminmax, vector_norm, mean, counts, stack/cat/copy of results)",
+     ("linalg_vector_norm", "torch.aminmax", "method 'mean'", "torch.stack", "torch.cat", "method 'sum'",
+      "torch.isnan", "torch.lt", "torch.gt", "torch.eq", "nan_to_num", "method 'amax'", "method 'amin'",
+      "method 'numpy'", "method 'cpu'", "method 'to' of")),
+    ("tensor copies (clone = the copy-out)", ("method 'clone'",)),
+    ("waiting on locks (the writer's queue, the final flush)", ("method 'acquire'",)),
+    ("file system calls in the main thread (mkdir, open)", ("posix.mkdir", "io.open", "posix.stat", "posix.replace")),
+)
+
+
+def _buckets(prof: cProfile.Profile, steps: int, wall: float) -> List[Dict[str, Any]]:
+    """Own time of the main thread by kind: opdump's Python, statistic kernels, copies, waits, rest."""
+    stats = pstats.Stats(prof, stream=io.StringIO())
+    sums = {name: 0.0 for name, _ in _BUCKETS}
+    opdump_py = 0.0
+    total = 0.0
+    for (file, line, func), (cc, nc, tt, ct, _c) in stats.stats.items():  # type: ignore[attr-defined]
+        total += tt
+        key = f"{file}:{func}"
+        for name, pats in _BUCKETS:
+            if any(p in key for p in pats):
+                sums[name] += tt
+                break
+        else:
+            if "/opdump/" in file:
+                opdump_py += tt
+    rows = [{"what": "opdump's own Python code (recorder, stats engine, taps, writer submit)", "ms": opdump_py}]
+    rows += [{"what": k, "ms": v} for k, v in sums.items()]
+    rows = [{"what": r["what"], "ms": r["ms"] / steps * 1e3} for r in rows]
+    rows.append({"what": "everything else (the model's own forward/backward/optimizer, torch, Python)",
+                 "ms": max(0.0, wall * 1e3 - sum(r["ms"] for r in rows))})
+    return rows
+
+
+def _probes(quick: bool) -> List[Dict[str, Any]]:
+    """Micro-measurements of the primitives the profile points at (torch only, no opdump).
+
+    Run in a fresh child process: allocation costs depend on the heap's history.
+    """
+    n = 1024 if quick else 4096
+    x = torch.randn(n, n)
+    small = torch.randn(8, 8, 55, 55)
+    warm_buf = torch.empty_like(x)
+
+    def t(f, reps=10):
+        f()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            f()
+        return (time.perf_counter() - t0) / reps * 1e3
+
+    ref = torch.linalg.vector_norm(x, dtype=torch.float64).item()
+    two_level = lambda: torch.linalg.vector_norm(  # noqa: E731
+        torch.linalg.vector_norm(x.reshape(-1, 4096 if n >= 4096 else n), dim=1).double())
+    rows = [
+        {"what": f"vector_norm(float32 {n}×{n}, dtype=float64) — opdump's CPU 'high' l2norm",
+         "ms": t(lambda: torch.linalg.vector_norm(x, dtype=torch.float64)), "rel_err": 0.0},
+        {"what": f"vector_norm(float32 {n}×{n}) in float32", "ms": t(lambda: torch.linalg.vector_norm(x)),
+         "rel_err": abs(torch.linalg.vector_norm(x).item() - ref) / ref},
+        {"what": "two-level: float32 norms of 4096-element rows, combined in float64",
+         "ms": t(two_level), "rel_err": abs(two_level().item() - ref) / ref},
+        {"what": f"x.mean(dtype=float64) — opdump's CPU 'high' avg", "ms": t(lambda: x.mean(dtype=torch.float64))},
+        {"what": f"torch.aminmax({n}×{n})", "ms": t(lambda: torch.aminmax(x))},
+        {"what": f"x.clone() ({n * n * 4 / 2**20:.0f} MiB) — the copy-out: a fresh allocation, page faults",
+         "ms": t(lambda: x.clone(memory_format=torch.contiguous_format))},
+        {"what": "copy_ of the same into a reused buffer", "ms": t(lambda: warm_buf.copy_(x))},
+        {"what": "vector_norm(dtype=float64) of an 8×8×55×55 activation (AlexNet conv1 size), per call",
+         "ms": t(lambda: torch.linalg.vector_norm(small, dtype=torch.float64), 200)},
+        {"what": "vector_norm (float32) of the same, per call",
+         "ms": t(lambda: torch.linalg.vector_norm(small), 200)},
+        {"what": "torch.aminmax of the same, per call", "ms": t(lambda: torch.aminmax(small), 200)},
+    ]
+    return rows
+
+
+def _top_ops(tp, steps: int, n: int = 12) -> List[Dict[str, Any]]:
+    rows = []
+    for e in tp.key_averages():
+        rows.append({"op": e.key, "calls": e.count / steps, "self_ms": e.self_cpu_time_total / 1e3 / steps,
+                     "total_ms": e.cpu_time_total / 1e3 / steps})
+    rows.sort(key=lambda r: r["self_ms"], reverse=True)
+    return rows[:n]
+
+
+def _has_msprobe(py: str) -> bool:
+    if not os.path.exists(py):
+        return False
+    r = subprocess.run([py, "-c", "import msprobe.pytorch, torch; print(torch.__version__)"],
+                       capture_output=True, text=True)
+    return r.returncode == 0 and r.stdout.strip() == torch.__version__
+
+
+def setup_msprobe_venv(venv: str) -> Dict[str, Any]:
+    """A throwaway venv that sees this project's torch (a .pth) and gets ``mindstudio-probe``.
+
+    ``pip install --dry-run`` first: if pip would install any torch, nothing is installed.
+    """
+    base_python = getattr(sys, "_base_executable", None) or sys.executable
+    log(f"[msprobe] creating {venv}")
+    r = subprocess.run([base_python, "-m", "venv", venv], capture_output=True, text=True)
+    if r.returncode != 0:
+        return {"ok": False, "message": (r.stderr or r.stdout).strip()[-800:]}
+    pyver = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    site_dir = os.path.join(venv, "lib", pyver, "site-packages")
+    project_site = next(p for p in sys.path if p.endswith("site-packages") and os.path.isdir(os.path.join(p, "torch")))
+    with open(os.path.join(site_dir, "opdump_project.pth"), "w") as f:
+        f.write(project_site + "\n")
+    pip = [os.path.join(venv, "bin", "python"), "-m", "pip"]
+    dry = subprocess.run(pip + ["install", "--dry-run", "mindstudio-probe"], capture_output=True, text=True)
+    would = next((ln for ln in dry.stdout.splitlines() if ln.startswith("Would install")), "")
+    if dry.returncode != 0:
+        return {"ok": False, "message": (dry.stderr or dry.stdout).strip()[-800:]}
+    if any(tok.lower().startswith(("torch-", "torch_")) for tok in would.split()[2:]):
+        return {"ok": False, "message": f"refused: pip would change torch: {would}"}
+    inst = subprocess.run(pip + ["install", "mindstudio-probe"], capture_output=True, text=True)
+    if inst.returncode != 0:
+        return {"ok": False, "message": (inst.stderr or inst.stdout).strip()[-800:]}
+    return {"ok": True, "install": would}
+
+
+# =========================================================================== memory child
+def child_memory(mode: str, quick: bool, tmp: str) -> None:
+    """One process, one mode: peak RSS of a few MLP training steps."""
+    w = M.mlp(quick)
+    steps = 3
+    before = H.peak_rss_mib()
+    d = tempfile.mkdtemp(prefix=f"mem-{mode}-", dir=tmp)
+    dump = os.path.join(d, "dump")
+    result: Dict[str, Any] = {"mode": mode, "model": w.describe}
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if mode in ("plain-eager", "plain-aot-eager"):
+            if mode == "plain-aot-eager":
+                w.run_model = torch.compile(w.model, backend="aot_eager")
+            for _ in range(steps + 1):
+                w.step()
+        else:
+            saved = {"graph-tensor": "tensor", "eager-tensor": "tensor",
+                     "graph-statistic-device": "statistic"}[mode]
+            cfg = H.write_config(d, dump, saved_data=saved, stat_calc_mode="device", queue_mb=MEMORY_QUEUE_MB)
+            with opdump.Session(cfg) as session:
+                if mode.startswith("graph"):
+                    w.run_model = torch.compile(w.model, backend=session.backend())
+                    for _ in range(steps + 1):
+                        w.step()
+                else:
+                    from opdump.capture.eager import EagerCapture  # type: ignore
+                    cap = EagerCapture(session)
+                    cap.start()
+                    try:
+                        for _ in range(steps + 1):
+                            w.step()
+                    finally:
+                        cap.stop()
+            result["bytes_written"] = session.writer.bytes_written
+    result["seconds"] = time.perf_counter() - t0
+    result["rss_before_mib"] = before
+    result["peak_rss_mib"] = H.peak_rss_mib()
+    shutil.rmtree(d, ignore_errors=True)
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+# =========================================================================== report
+TABLE_HEAD = ("| mode | median ms | baseline, median ms | **ratio** | paired | CPU-time | amortized ms (ratio) | "
+              "per step | throughput | steps | spread mode / base | neighbours |")
+TABLE_RULE = "|---|---|---|---|---|---|---|---|---|---|---|---|"
+
+
+def fmt_row(r: Dict[str, Any]) -> str:
+    if "error" in r:
+        return f"| {r['mode']} | – | {r.get('baseline', '–')} | – | | | | | {r['error']} | | | |"
+    tput = ""
+    if r.get("throughput_ratio_raw") is not None:
+        eff = r.get("throughput_ratio_effective")
+        tput = (f"{H.mbps(r['dump_rate_raw'])} raw = {r['throughput_ratio_raw']:.0%} of numpy.save's"
+                f" {H.mbps(r['numpy_rate'])}"
+                + (f"; {H.mbps(r['dump_rate_effective'])} effective = {eff:.0%}" if eff else ""))
+    per_step = ""
+    if r.get("tensors_per_step"):
+        per_step = f"{r['tensors_per_step']:.0f} tensors"
+        if r.get("bytes_per_step"):
+            per_step += f", {r['bytes_per_step'] / 2**20:.1f} MiB in {r['files_per_step']:.0f} files"
+    base = r.get("base_median")
+    amort = "" if r.get("amortized") is None else f"{H.ms(r['amortized'])} ({r['amortized_ratio']:.2f}×)"
+    if base is None:
+        return (f"| {r['mode']} | {H.ms(r['median'])} | – | 1.00× | | | | | | {r.get('steps', '')} | "
+                f"{r.get('spread', float('nan')):.0%} | |")
+    return (f"| {r['mode']} | {H.ms(r['median'])} | {r.get('baseline', '–')} {H.ms(base)} | "
+            f"**{H.ratio(r.get('ratio'))}** | {H.ratio(r.get('paired_ratio'))} | {H.ratio(r.get('cpu_ratio'))} | "
+            f"{amort} | {per_step} | {tput} | {r.get('steps', '')} | "
+            f"{r.get('spread', float('nan')):.0%} / {r.get('base_spread', float('nan')):.0%} | "
+            f"{r.get('neighbours', float('nan')):.2f} |")
+
+
+def _get(models, name, mode):
+    for m in models:
+        if m["name"] == name:
+            for r in m["rows"]:
+                if r["mode"] == mode:
+                    return r
+    return None
+
+
+def targets(models, memory, scaling, eager_missing) -> List[str]:
+    lines = ["| # | target | measured | verdict |", "|---|---|---|---|"]
+
+    def verdict(vals, limit, higher_is_better=False):
+        vals = [v for v in vals if v is not None]
+        if not vals:
+            return "not measured"
+        ok = all((v >= limit) if higher_is_better else (v <= limit) for v in vals)
+        return "**met**" if ok else "**not met**"
+
+    def collect(mode, key="ratio"):
+        out = []
+        for m in models:
+            r = _get(models, m["name"], mode)
+            out.append((m["name"], None if r is None or "error" in r else r.get(key)))
+        return out
+
+    def show(pairs, pct=False):
+        return ", ".join(f"{n} {('–' if v is None else (f'{v:.0%}' if pct else f'{v:.2f}×'))}" for n, v in pairs)
+
+    p = collect("graph not-selected")
+    lines.append(f"| 1 | graph not-selected ≤ 1.03× plain compiled | {show(p)} | {verdict([v for _, v in p], 1.03)} |")
+    p = collect("eager not-selected")
+    lines.append(f"| 1 | eager not-selected ≤ 1.10× plain eager | {show(p)} | "
+                 f"{verdict([v for _, v in p], 1.10) if eager_missing is None else 'not available'} |")
+    p = collect("graph statistic device")
+    lines.append(f"| 2 | graph statistic (device) ≤ 1.3× plain eager | {show(p)} | {verdict([v for _, v in p], 1.3)} |")
+    p = collect("eager statistic device")
+    lines.append(f"| 2 | eager statistic (device) ≤ 1.3× plain eager | {show(p)} | "
+                 f"{verdict([v for _, v in p], 1.3) if eager_missing is None else 'not available'} |")
+    p = collect("graph statistic host")
+    lines.append(f"| 2 | graph statistic (host), reported | {show(p)} | (no target) |")
+    p = collect("graph tensor", "throughput_ratio_raw")
+    pe = collect("graph tensor", "throughput_ratio_effective")
+    lines.append(f"| 3 | graph tensor dump ≥ 70 % of numpy.save bytes/s | raw: {show(p, True)}; "
+                 f"effective: {show(pe, True)} | raw {verdict([v for _, v in p], 0.70, True)}, "
+                 f"effective {verdict([v for _, v in pe], 0.70, True)} |")
+    if eager_missing is None:
+        p = collect("eager tensor", "throughput_ratio_raw")
+        pe = collect("eager tensor", "throughput_ratio_effective")
+        lines.append(f"| 3 | eager tensor dump ≥ 70 % of numpy.save bytes/s | raw: {show(p, True)}; "
+                     f"effective: {show(pe, True)} | raw {verdict([v for _, v in p], 0.70, True)}, "
+                     f"effective {verdict([v for _, v in pe], 0.70, True)} |")
+    runs = memory.get("runs", {})
+    mem_parts, mem_ok = [], []
+    for k in ("graph-tensor", "eager-tensor", "graph-statistic-device"):
+        v = runs.get(k, {}).get("peak_rss_mib")
+        base_name = memory_baseline(k)
+        base = runs.get(base_name, {}).get("peak_rss_mib")
+        if base and v:
+            mem_parts.append(f"{k} {v - base:+.0f} MiB vs {base_name}")
+            mem_ok.append(v - base <= memory["queue_mb"] + MEMORY_CONSTANT_MB)
+    lines.append(f"| 4 | peak RSS with dump ≤ without + queue bound ({memory['queue_mb']} MiB) + constant "
+                 f"(this bench allows {MEMORY_CONSTANT_MB} MiB) | {', '.join(mem_parts) or '–'} | "
+                 f"{('**met**' if all(mem_ok) else '**not met**') if mem_ok else 'not measured'} |")
+    lin = scaling_linearity(scaling)
+    lines.append(f"| 5 | overhead grows linearly with operators and tensor size | {lin['text']} | {lin['verdict']} |")
+    return lines
+
+
+MEMORY_CONSTANT_MB = 64
+
+
+def memory_baseline(mode: str) -> str:
+    """Graph-mode dumps run the AOT graph op by op: their undumped twin is torch.compile(backend="aot_eager")
+    (same execution, same compile-time memory); eager capture's is plain eager."""
+    return "plain-aot-eager" if mode.startswith("graph") else "plain-eager"
+
+
+def scaling_linearity(scaling) -> Dict[str, str]:
+    """Overhead per dumped tensor across layer counts, and per MiB across widths: flat = linear."""
+    texts, oks = [], []
+    per_tensor = []
+    for row in scaling.get("layers", []):
+        g = row.get("graph")
+        if g and "error" not in g and g.get("tensors_per_step"):
+            per_tensor.append((row["layers"], (g["median"] - g["base_median"]) / g["tensors_per_step"]))
+    if len(per_tensor) >= 2:
+        texts.append("graph statistic overhead per tensor: " +
+                     ", ".join(f"{nl}L {v * 1e6:.0f} µs" for nl, v in per_tensor))
+        first = per_tensor[0][1]
+        oks.append(all(v <= max(first, 1e-6) * 1.5 for _, v in per_tensor[1:]))
+    per_mib = []
+    for row in scaling.get("width", []):
+        g = row.get("graph")
+        if g and "error" not in g and g.get("stat_mib_per_step"):
+            per_mib.append((row["width"], (g["median"] - g["base_median"]) / g["stat_mib_per_step"]))
+    if len(per_mib) >= 2:
+        texts.append("per MiB of statted tensors: " +
+                     ", ".join(f"width {w} {v * 1e3:.2f} ms" for w, v in per_mib))
+        first = per_mib[0][1]
+        oks.append(all(v <= max(first, 1e-6) * 1.5 for _, v in per_mib[1:]))
+    if oks:
+        return {"text": "; ".join(texts), "verdict": "**met** (cost per tensor / per MiB flat within 1.5×)" if all(oks)
+                else "**not met** (cost per tensor or per MiB grows)"}
+    return {"text": "–", "verdict": "not measured"}
+
+
+def report(info, models, scaling, memory, profile, msprobe, eager_missing, args, elapsed) -> str:
+    L: List[str] = []
+    L.append("# opdump benchmarks")
+    L.append("")
+    L.append("Generated by `.venv/bin/python bench/run.py" + (" --quick" if args.quick else "") +
+             f"` in {elapsed / 60:.1f} min — do not edit by hand; rerun the command.")
+    if args.quick:
+        L.append("")
+        L.append("**This is a `--quick` smoke run: small models, 2 timed steps. The numbers are not the benchmark.**")
+    L.append("")
+    L.append("## Machine")
+    L.append("")
+    L.append("| | |")
+    L.append("|---|---|")
+    for k, v in info.items():
+        L.append(f"| {k} | {v} |")
+    L.append("")
+    L.append("## Method")
+    L.append("")
+    L.append("- One process runs everything (the memory figures come from child processes, one per mode). "
+             "A step is `zero_grad`, forward, cross-entropy, backward, `optimizer.step()`.")
+    L.append(f"- Warm-up: {2} steps per mode, not timed (compilation happens there). Then "
+             f"{'1 round' if args.quick else '3 rounds'} of {2} baseline steps followed by {2} steps of the "
+             f"mode, interleaved, so a neighbour's load on this shared machine hits both sides; "
+             f"**median** of the timed steps per side; the ratio is mode median / baseline median of "
+             f"that same interleaving.")
+    L.append("- Baselines: *plain compiled* (`torch.compile`, inductor) for *graph not-selected* "
+             "(opdump's backend, `iteration` set to a step the run never reaches); *plain eager* for every "
+             "dump (a dumped graph iteration runs operator by operator, so eager is its floor).")
+    L.append("- *amortized*: (sum of the mode's step times + the time to drain the writer after each block) "
+             "/ steps — what a long run pays when the writer cannot hide in later steps.")
+    L.append("- Dumps go to a temp folder on the same disk as the numpy.save baseline, `os.sync()` before "
+             "each timed write phase, old iteration folders deleted between rounds, everything deleted after.")
+    L.append("- Throughput: bytes of `.npy` data written / (sum of dumped step times + writer drains) = "
+             "**raw**; bytes / (that − steps × plain-eager median) = **effective** (the time the dump added). "
+             "Against a plain loop of `numpy.save` writing the arrays of the last dumped iteration, read back "
+             "into memory, the same number of times, into the same dump folder, in the same run.")
+    L.append("- *ratio* = median / median (the figure the targets use); *paired* = median over rounds of (the "
+             "mode's block median / the baseline block just before it), robust to a load change between rounds; "
+             "*CPU-time* = ratio of median process CPU time per step (all threads, the writer's included), less "
+             "sensitive to neighbours than wall time.")
+    L.append("- *spread*: (max − min) / median of the timed steps of the mode / of its baseline. *neighbours*: "
+             "CPU cores other processes used during the measurement (machine busy time from /proc/stat minus "
+             "this process's); each measurement first waits up to 20 s for them to drop below 0.25 cores. "
+             "Rows with neighbours ≳ 0.3 or a spread ≳ 50 % were measured on a busy machine: read the paired "
+             "and CPU-time ratios next to them.")
+    if eager_missing:
+        L.append(f"- Eager capture: **not available** in this checkout ({eager_missing}); its rows are empty.")
+    L.append("")
+    L.append("## Step time per mode")
+    for m in models:
+        L.append("")
+        L.append(f"### {m['name']}: {m['describe']}")
+        L.append("")
+        L.append(TABLE_HEAD)
+        L.append(TABLE_RULE)
+        for r in m["rows"]:
+            L.append(fmt_row(r))
+        comp = _get(models, m["name"], "plain compiled (inductor)")
+        if comp and comp.get("warmup_s") is not None:
+            L.append("")
+            L.append(f"Inductor warm-up (compile + {2} steps): {comp['warmup_s']:.1f} s.")
+    L.append("")
+    L.append("## MindStudio Probe on the same models")
+    L.append("")
+    L.extend(msprobe_section(msprobe, models))
+    L.append("")
+    L.append("## Memory")
+    L.append("")
+    L.extend(memory_section(memory))
+    L.append("")
+    L.append("## Scaling")
+    L.append("")
+    L.extend(scaling_section(scaling))
+    L.append("")
+    L.append("## Where a dumped step's time goes (AlexNet, graph mode)")
+    L.append("")
+    L.extend(profile_section(profile))
+    L.append("")
+    L.append("## Targets of issue 5")
+    L.append("")
+    L.extend(targets(models, memory, scaling, eager_missing))
+    L.append("")
+    return "\n".join(L)
+
+
+def msprobe_section(ms: Dict[str, Any], models) -> List[str]:
+    L = []
+    if ms.get("status") != "ok":
+        L.append(f"Not measured: {ms.get('status')}.")
+        if ms.get("message"):
+            L.append("")
+            L.append("```")
+            L.append(ms["message"])
+            L.append("```")
+        return L
+    L.append(f"`mindstudio-probe` {ms.get('version', '?')} (`PrecisionDebugger`, level L1, every step), installed "
+             f"in a throwaway venv that uses this project's torch {torch.__version__} (a `.pth`; pip's dry run "
+             f"showed no torch change). Measured in its own process, interleaved with its own plain-eager "
+             f"baseline, same models and sizes; opdump's ratios from the tables above.")
+    L.append("")
+    L.append("| model | msprobe statistics | opdump graph statistic (device) | opdump eager statistic (device) | "
+             "msprobe tensor | opdump graph tensor | opdump eager tensor |")
+    L.append("|---|---|---|---|---|---|---|")
+
+    def counts(r):
+        if r.get("apis_per_step") is None:
+            return ""
+        return f" ({r['apis_per_step']:.0f} APIs, {r['tensors_per_step']:.0f} tensors)"
+
+    for name, r in ms.get("models", {}).items():
+        def od(mode):
+            row = _get(models, name, mode)
+            if row is None or "error" in row:
+                return "–"
+            n = f" ({row['tensors_per_step']:.0f} tensors)" if row.get("tensors_per_step") else ""
+            return H.ratio(row.get("ratio")) + n
+        st = r.get("statistics", {})
+        te = r.get("tensor", {})
+        L.append(f"| {name} | {H.ratio(st.get('ratio'))}{counts(st)} | {od('graph statistic device')} | "
+                 f"{od('eager statistic device')} | {H.ratio(te.get('ratio'))}{counts(te)} | {od('graph tensor')} | "
+                 f"{od('eager tensor')} |")
+    L.append("")
+    L.append("MindStudio Probe's L1 dump sees torch API calls (`Functional.conv2d`, `Tensor.add`…: fewer, "
+             "coarser than ATen operators; not the optimizer's) and computes Max/Min/Mean/Norm; opdump sees every "
+             "ATen operator (graph mode: of the forward and backward graphs; eager mode: also the optimizer's) "
+             "and, by default, max/min/l2norm. The counts in brackets are tensors summarised per step.")
+    if ms.get("notes"):
+        L.append("")
+        L.append(ms["notes"])
+    return L
+
+
+def memory_section(mem: Dict[str, Any]) -> List[str]:
+    model = next((r.get("model") for r in mem.get("runs", {}).values() if r.get("model")), "the wide MLP")
+    L = [f"Peak resident memory (VmHWM of /proc/self/status) of one child process per mode: {model}, 4 steps (1 warm-up), "
+         f"every operator dumped, every step, `writer_queue_mb` {mem['queue_mb']}.", "",
+         "| mode | peak RSS MiB | vs plain eager | vs its undumped twin | written |", "|---|---|---|---|---|"]
+    runs = mem.get("runs", {})
+    eager = runs.get("plain-eager", {}).get("peak_rss_mib")
+    for k, r in runs.items():
+        if "error" in r:
+            L.append(f"| {k} | error: {r['error']} | | | |")
+            continue
+        delta = "" if eager is None or k == "plain-eager" else f"{r['peak_rss_mib'] - eager:+.0f} MiB"
+        twin = ""
+        if not k.startswith("plain"):
+            b = runs.get(memory_baseline(k), {}).get("peak_rss_mib")
+            twin = "" if b is None else f"{r['peak_rss_mib'] - b:+.0f} MiB vs {memory_baseline(k)}"
+        written = f"{r['bytes_written'] / 2**30:.2f} GiB" if r.get("bytes_written") else ""
+        L.append(f"| {k} | {r['peak_rss_mib']:.0f} | {delta} | {twin} | {written} |")
+    L.append("")
+    L.append("Graph-mode dumps are compared with `torch.compile(backend=\"aot_eager\")`, which runs the same "
+             "AOT graphs operator by operator and pays the same compile-time memory; eager capture with plain "
+             "eager. Target 4 allows the writer queue plus a constant of "
+             f"{MEMORY_CONSTANT_MB} MiB (this bench's choice; opdump documents none yet).")
+    L.append("")
+    L.append("Not measured here: a model whose per-step tensors exceed RAM (every tensor dump above writes "
+             "several GiB through a 64 MiB queue, which is the mechanism that makes it possible).")
+    return L
+
+
+def scaling_section(sc: Dict[str, Any]) -> List[str]:
+    L = ["Statistic dump (`stat_calc_mode` device) of every operator vs plain eager, by number of encoder layers:",
+         "", "| layers | eager ms | graph statistic ms | ratio | tensors/step | overhead per tensor | "
+             "eager statistic ratio |", "|---|---|---|---|---|---|---|"]
+    for row in sc.get("layers", []):
+        g = row.get("graph")
+        if not g or "error" in g:
+            L.append(f"| {row['layers']} | error: {row.get('error') or g.get('error')} | | | | | |")
+            continue
+        e = row.get("eager")
+        per = (g["median"] - g["base_median"]) / g["tensors_per_step"] if g.get("tensors_per_step") else None
+        L.append(f"| {row['layers']} | {H.ms(g['base_median'])} | {H.ms(g['median'])} | {H.ratio(g['ratio'])} | "
+                 f"{g.get('tensors_per_step', 0):.0f} | {'–' if per is None else f'{per * 1e6:.0f} µs'} | "
+                 f"{H.ratio(e['ratio']) if e and 'error' not in e else '–'} |")
+    L.append("")
+    L.append("By tensor size (the MLP's width; statistic dump, device mode, graph):")
+    L.append("")
+    L.append("| width | eager ms | graph statistic ms | ratio | overhead per MiB of dumped tensors |")
+    L.append("|---|---|---|---|---|")
+    for row in sc.get("width", []):
+        g = row.get("graph")
+        if not g or "error" in g:
+            L.append(f"| {row['width']} | error: {row.get('error') or g.get('error')} | | | |")
+            continue
+        L.append(f"| {row['width']} | {H.ms(g['base_median'])} | {H.ms(g['median'])} | {H.ratio(g['ratio'])} | "
+                 f"{_per_mib(g)} |")
+    return L
+
+
+def _per_mib(g) -> str:
+    mib = g.get("stat_mib_per_step")
+    if not mib:
+        return "–"
+    return f"{(g['median'] - g['base_median']) / mib * 1e3:.2f} ms"
+
+
+def profile_section(pr: Dict[str, Any]) -> List[str]:
+    L = ["cProfile of the main thread over the dumped steps (each step followed by a writer flush, so the "
+         "writer's work that the step did not hide shows as lock waits), and torch.profiler over the same "
+         "number of steps. The first table of each mode sorts the main thread's own time into kinds.", ""]
+    for label, p in pr.items():
+        if label.startswith("_"):
+            continue
+        L.append(f"### {label} (one dumped step: {p['step_s'] * 1e3:.1f} ms wall incl. writer flush, "
+                 f"mean of {p['steps']})")
+        L.append("")
+        L.append("| where (main thread, own time) | ms per step |")
+        L.append("|---|---|")
+        for b in p.get("buckets", []):
+            L.append(f"| {b['what']} | {b['ms']:.1f} |")
+        L.append("")
+        L.append("cProfile, main thread, top by own time (writer threads are not in it; waiting for them shows "
+                 "as lock waits):")
+        L.append("")
+        L.append("| function | calls/step | own ms | cumulative ms |")
+        L.append("|---|---|---|---|")
+        for r in p["python"]:
+            L.append(f"| `{r['func']}` | {r['calls']:.0f} | {r['tottime'] * 1e3:.2f} | {r['cumtime'] * 1e3:.2f} |")
+        L.append("")
+        L.append("torch.profiler, top operators by self CPU time (all threads):")
+        L.append("")
+        L.append("| op | calls/step | self ms | total ms |")
+        L.append("|---|---|---|---|")
+        for r in p["ops"]:
+            L.append(f"| `{r['op']}` | {r['calls']:.0f} | {r['self_ms']:.2f} | {r['total_ms']:.2f} |")
+        L.append("")
+    probes = pr.get("_probes")
+    if probes:
+        L.append("### The primitives behind it (torch alone, this machine, a fresh process)")
+        L.append("")
+        L.append("| operation | ms | relative error vs float64 |")
+        L.append("|---|---|---|")
+        for r in probes:
+            err = "" if r.get("rel_err") is None else f"{r['rel_err']:.1e}"
+            L.append(f"| {r['what']} | {r['ms']:.3f} | {err} |")
+        L.append("")
+    return L
+
+
+# =========================================================================== main
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small models, 2 timed steps (a smoke check)")
+    ap.add_argument("--out", default=os.path.join(ROOT, "BENCHMARKS.md"), help="report file (written whole)")
+    ap.add_argument("--tmp", default=None, help="folder for the temporary dumps (default: the system temp)")
+    ap.add_argument("--models", default="alexnet,transformer,mlp")
+    ap.add_argument("--skip", default="", help="comma list of: scaling,memory,profile,msprobe")
+    ap.add_argument("--no-msprobe-setup", action="store_true",
+                    help="do not create the MindStudio Probe venv when it is missing")
+    ap.add_argument("--json", default=None, help="also write the raw results as JSON here")
+    ap.add_argument("--child-memory", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--child-probes", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child_probes:
+        print("RESULT " + json.dumps(_probes(args.quick)), flush=True)
+        return 0
+    if args.child_memory:
+        child_memory(args.child_memory, args.quick, args.tmp or tempfile.gettempdir())
+        return 0
+    t_start = time.perf_counter()
+    bench = Bench(args)
+    skip = set(filter(None, args.skip.split(",")))
+    try:
+        info = H.machine_info(bench.tmp)
+        models = []
+        for name in filter(None, args.models.split(",")):
+            models.append(bench.model(name))
+        scaling = {} if "scaling" in skip else bench.scaling()
+        memory = {"queue_mb": MEMORY_QUEUE_MB, "runs": {}} if "memory" in skip else bench.memory()
+        profile = {} if "profile" in skip else bench.profile()
+        msprobe = {"status": "skipped (--skip)"} if "msprobe" in skip else bench.msprobe()
+        try:
+            info["load average at end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+        except OSError:
+            pass
+        elapsed = time.perf_counter() - t_start
+        text = report(info, models, scaling, memory, profile, msprobe, bench.eager_missing, args, elapsed)
+        with open(args.out, "w") as f:
+            f.write(text)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"info": info, "models": models, "scaling": scaling, "memory": memory,
+                           "profile": profile, "msprobe": msprobe}, f, indent=1, default=str)
+        log(f"wrote {args.out} in {elapsed:.0f} s")
+    finally:
+        bench.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
