@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from .capture.op_info import OpInfo
+from .write.buffers import HostBuffers, HostCopy
 from .write.atomic import atomic_save_npy, atomic_write_bytes
 from .write.dtypes import dtype_name, to_numpy
 from .write.names import file_stem, parameter_file_name, sanitize, tensor_file_name
@@ -40,7 +41,7 @@ class _Clock:
         return now
 
 
-def _copy_out(t: torch.Tensor, trans_flag: bool) -> Tuple[torch.Tensor, Any, str]:
+def _copy_out(t: torch.Tensor, trans_flag: bool, buffers: HostBuffers) -> Tuple[HostCopy, Any, str]:
     """An exact, contiguous host copy of ``t`` (plus a CUDA event to wait on, and the format)."""
     fmt = "DefaultFormat"
     t = t.detach()
@@ -53,14 +54,14 @@ def _copy_out(t: torch.Tensor, trans_flag: bool) -> Tuple[torch.Tensor, Any, str
     if t.is_neg():
         t = t.resolve_neg()
     if t.device.type == "cpu":
-        return t.clone(memory_format=torch.contiguous_format), None, fmt
+        return buffers.copy_of(t), None, fmt
     buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=torch.cuda.is_available())
     buf.copy_(t, non_blocking=True)
     event = None
     if t.device.type == "cuda":
         event = torch.cuda.Event()
         event.record(torch.cuda.current_stream(t.device))
-    return buf, event, fmt
+    return HostCopy(buf, None, None), event, fmt
 
 
 def stream_id_of(t: torch.Tensor) -> int:
@@ -78,12 +79,12 @@ def _version(tensor: torch.Tensor) -> int:
 class _Seen:
     """A tensor already recorded since the last flush: its copy, its statistics."""
 
-    __slots__ = ("tensor", "version", "buf", "event", "fmt", "host_future", "device_handle")
+    __slots__ = ("tensor", "version", "copy", "event", "fmt", "host_future", "device_handle")
 
     def __init__(self, tensor_ref, version: int):
         self.tensor = tensor_ref
         self.version = version
-        self.buf = None            # weakref to the host copy (alive while a write job holds it)
+        self.copy = None           # weakref to its HostCopy (usable while a job still holds it)
         self.event = None
         self.fmt = "DefaultFormat"
         self.host_future = None    # the job computing its host statistics
@@ -111,6 +112,7 @@ class Recorder:
             self.stats = StatsEngine(cfg)
         self._pending: Dict[str, _PendingRows] = {}
         self._seen: Dict[int, _Seen] = {}
+        self.buffers = HostBuffers(session.writer.budget // 2)
         self._csv: Dict[str, StatisticCsv] = {}
         self._kernel_args_done: set = set()
         self._lock = threading.RLock()
@@ -141,15 +143,14 @@ class Recorder:
         host_future = None
         if need_copy:
             nbytes = tensor.numel() * tensor.element_size()
-            buf = seen.buf() if seen is not None and seen.buf is not None else None
-            buf_new = buf is None
+            copy = seen.copy() if seen is not None and seen.copy is not None else None
+            self.writer.reserve(nbytes)
+            buf_new = copy is None or not copy.acquire()
             if not buf_new:              # the same tensor again (an op's input = an earlier op's output)
                 event, fmt = seen.event, seen.fmt
-                self.writer.reserve(nbytes)
             else:
-                self.writer.reserve(nbytes)
                 try:
-                    buf, event, fmt = _copy_out(tensor, cfg.trans_flag)
+                    copy, event, fmt = _copy_out(tensor, cfg.trans_flag, self.buffers)
                 except BaseException:
                     self.writer.release(nbytes)
                     raise
@@ -163,11 +164,11 @@ class Recorder:
             # host statistics come from the very copy the file is written from
             host_stats = buf_new or seen is None or seen.host_future is None
             future = self.writer.submit(
-                lambda: self._write_job(folder, name, buf, event, host_stats), nbytes, reserved=True)
+                lambda: self._write_job(folder, name, copy, event, host_stats), nbytes, reserved=True)
             host_future = future if host_stats else seen.host_future
             if seen is None:
                 seen = self._remember(tensor)
-            seen.buf, seen.event, seen.fmt = weakref.ref(buf), event, fmt
+            seen.copy, seen.event, seen.fmt = weakref.ref(copy), event, fmt
             if host_stats:
                 seen.host_future = future
         self.tensors_recorded += 1
@@ -217,18 +218,24 @@ class Recorder:
         self._seen[id(tensor)] = entry
         return entry
 
-    def _write_job(self, folder: str, name: Optional[str], buf: torch.Tensor, event,
+    def _write_job(self, folder: str, name: Optional[str], copy: HostCopy, event,
                    host_stats: bool = True) -> Optional[Dict[str, str]]:
-        if event is not None:
-            event.synchronize()
-        if name is not None:
-            path = self.session.layout.place(folder, name)
-            array = to_numpy(buf)
-            atomic_save_npy(path, array)
-            self.writer.count(array.nbytes)
-        if host_stats and self.stats is not None and self.stats.needs_host_copy:
-            return self.stats.host_cells(buf)
-        return None
+        try:
+            buf = copy.tensor
+            if event is not None:
+                event.synchronize()
+            if name is not None:
+                path = self.session.layout.place(folder, name)
+                array = to_numpy(buf)
+                atomic_save_npy(path, array)
+                self.writer.count(array.nbytes)
+                del array
+            if host_stats and self.stats is not None and self.stats.needs_host_copy:
+                return self.stats.host_cells(buf)
+            return None
+        finally:
+            del buf
+            copy.release()
 
     def _unsupported(self, tensor: torch.Tensor) -> bool:
         reason = None

@@ -1,0 +1,97 @@
+"""Recycled host buffers for tensor copies.
+
+Copying a tensor out is a memcpy, but into freshly allocated memory it is several
+times slower: every page of a new large buffer faults on first touch.  Copies are
+therefore made into a small pool of same-sized raw byte buffers.  A
+:class:`HostCopy` is reference-counted by the jobs that use it (writing the file,
+computing host statistics) and its buffer goes back to the pool when the last one
+releases it — explicitly, not by garbage collection, because numpy views of the
+copy do not keep the tensor object alive.  The pool keeps at most ``cap_bytes`` of
+free buffers: a fixed bound added to the writer's byte budget.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import List, Optional
+
+import torch
+
+_SMALL = 1 << 16        # below this the allocator's own cache is as good
+
+
+class HostCopy:
+    """A host copy of one tensor, shared by the jobs that hold a reference."""
+
+    __slots__ = ("tensor", "_raw", "_refs", "_pool", "_lock", "__weakref__")
+
+    def __init__(self, tensor: torch.Tensor, raw: Optional[torch.Tensor], pool: Optional["HostBuffers"]):
+        self.tensor: Optional[torch.Tensor] = tensor
+        self._raw = raw
+        self._refs = 1
+        self._pool = pool
+        self._lock = threading.Lock()
+
+    def acquire(self) -> bool:
+        """One more user; False when the copy was already recycled."""
+        with self._lock:
+            if self.tensor is None:
+                return False
+            self._refs += 1
+            return True
+
+    def release(self) -> None:
+        with self._lock:
+            self._refs -= 1
+            if self._refs > 0:
+                return
+            self.tensor = None
+            raw, self._raw = self._raw, None
+        if raw is not None and self._pool is not None:
+            self._pool.give(raw)
+
+
+class HostBuffers:
+    def __init__(self, cap_bytes: int):
+        self.cap = max(0, int(cap_bytes))
+        self._free: "OrderedDict[int, List[torch.Tensor]]" = OrderedDict()
+        self._free_bytes = 0
+        self._lock = threading.Lock()
+
+    def copy_of(self, t: torch.Tensor) -> HostCopy:
+        """An exact contiguous copy of CPU tensor ``t`` (one reference held by the caller)."""
+        nbytes = t.numel() * t.element_size()
+        if nbytes < _SMALL or self.cap == 0:
+            return HostCopy(t.clone(memory_format=torch.contiguous_format), None, None)
+        raw = None
+        with self._lock:
+            bucket = self._free.get(nbytes)
+            if bucket:
+                raw = bucket.pop()
+                self._free_bytes -= nbytes
+                if not bucket:
+                    del self._free[nbytes]
+        if raw is None:
+            raw = torch.empty(nbytes, dtype=torch.uint8)
+        buf = raw.view(t.dtype).view(t.shape)
+        buf.copy_(t)
+        return HostCopy(buf, raw, self)
+
+    def give(self, raw: torch.Tensor) -> None:
+        nbytes = raw.numel()
+        if nbytes > self.cap:
+            return
+        with self._lock:
+            while self._free and self._free_bytes + nbytes > self.cap:
+                size, bucket = next(iter(self._free.items()))     # evict the oldest size
+                bucket.pop()
+                self._free_bytes -= size
+                if not bucket:
+                    del self._free[size]
+            self._free.setdefault(nbytes, []).append(raw)
+            self._free.move_to_end(nbytes)
+            self._free_bytes += nbytes
+
+    @property
+    def free_bytes(self) -> int:
+        return self._free_bytes
