@@ -287,5 +287,4 @@ def file_of(root, op_full_name: str, io: str, slot: int, iteration: int = 0, gra
     raise FileNotFoundError(op_full_name)
 
 
-SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples"
-MS_SAMPLE = SAMPLES / "mindspore_cpu_mlp"
+MS_SAMPLE = Path(__file__).resolve().parent / "data" / "mindspore_cpu_mlp"     # copy of shared/samples/
