@@ -142,3 +142,37 @@ def test_parameters_are_forward_values(alexnet_run):
     np.testing.assert_array_equal(params["inputs0"].load(), alexnet_run["xs"][0].numpy())
     later = {f.op_name: f for f in files if f.op_type == "Parameter" and f.iteration == 2}
     assert not np.array_equal(later["conv1_weight"].load(), params["conv1_weight"].load()), "SGD updated it"
+
+
+def test_values_written_later_are_the_values_produced(tmp_path):
+    """Files are written in the background, later: in-place writes after the graph ran (by
+    the user, the optimizer, gradient zeroing) must never reach them."""
+    torch._dynamo.reset()
+    cfg = write_config(tmp_path, common={"iteration": "0|1", "input_output": 0})
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64))
+    opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    x = torch.randn(128, 64)
+    expected = {}
+    with opdump.Session(cfg) as session:
+        compiled = torch.compile(model, backend=session.backend("eager"))
+        for step in range(2):
+            out = compiled(x)
+            expected[step] = (out.detach().clone(), model[0].weight.detach().clone())
+            out.sum().backward()
+            out.detach().mul_(0).add_(7)        # the user overwrites the output in place
+            opt.step()                           # the optimizer overwrites weights and grads
+            opt.zero_grad(set_to_none=False)     # grads zeroed in place
+    files = tensor_files(str(tmp_path / "dump"))
+    for step in range(2):
+        out_file = [f for f in files if f.iteration == step and f.graph == 0 and f.op_type == "addmm"
+                    and f.io == "output" and "2-Linear" in f.op_name][0]
+        np.testing.assert_array_equal(out_file.load(), expected[step][0].numpy())
+        weight = [f for f in files if f.iteration == step and f.op_name == "0_weight"][0]
+        np.testing.assert_array_equal(weight.load(), expected[step][1].numpy())
+        relu_out = [f for f in files if f.iteration == step and f.op_type == "relu" and f.io == "output"][0].load()
+        relu_in_next = [f for f in files if f.iteration == step and f.op_type == "addmm" and f.io == "input"
+                        and "2-Linear" in f.op_name and f.slot == 1][0].load()
+        np.testing.assert_array_equal(relu_out, relu_in_next)
+        grads = [f for f in files if f.iteration == step and f.graph == 1 and f.io == "output"]
+        assert grads and all(np.isfinite(g.load()).all() and g.load().any() for g in grads if g.load().size)
