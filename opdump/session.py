@@ -59,6 +59,9 @@ class Session:
         self.selector = OpSelector(config)
         self.writer = BackgroundWriter(config.writer_queue_mb << 20, config.writer_threads)
         self.recorder = Recorder(self)
+        fallback = self.recorder.stats.fallback_warning() if self.recorder.stats is not None else None
+        if fallback:
+            warnings.warn(f"opdump: {fallback}", UserWarning, stacklevel=2)
         self.iteration = 0
         self._rank = rank
         self._layout: Optional[Layout] = None

@@ -123,3 +123,11 @@ def test_device_mode_agrees_with_host(tmp_path):
                 assert h[column] == d[column]
             else:
                 assert abs(float(h[column]) - float(d[column])) <= 1e-5 * max(1.0, abs(float(h[column])))
+
+
+def test_device_mode_warns_once_at_start_about_host_fallback(tmp_path):
+    cfg = write_config(tmp_path, common={"saved_data": "statistic", "statistic_category": ["max", "md5"]},
+                       e2e={"stat_calc_mode": "device"})
+    with pytest.warns(UserWarning, match="md5") as record:
+        opdump.Session(cfg).close()
+    assert sum("md5" in str(w.message) for w in record) == 1

@@ -73,8 +73,6 @@ def main_run(argv: List[str]) -> int:
     except ConfigError as exc:
         print(f"opdump: invalid config: {exc}", file=sys.stderr)
         return 2
-    for warning in _start_warnings(session):
-        print(f"opdump: {warning}", file=sys.stderr)
     eager = None
     with session:
         patch_torch_compile(session)
@@ -103,8 +101,3 @@ def main_run(argv: List[str]) -> int:
                 eager.stop()
     return 0
 
-
-def _start_warnings(session) -> List[str]:
-    stats = session.recorder.stats
-    warning = stats.fallback_warning() if stats is not None and hasattr(stats, "fallback_warning") else None
-    return [warning] if warning else []
