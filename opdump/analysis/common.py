@@ -166,3 +166,14 @@ def is_float_row(dtype: Any, path: Any = None) -> bool:
         except (OSError, ValueError):
             return False
     return False
+
+
+def progress_bar(enabled: bool, total: int, desc: str, unit: str):
+    """A tqdm bar for long work (None when disabled or tqdm is missing; tqdm hides it off a terminal)."""
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover - tqdm is optional
+        return None
+    return tqdm(total=total, desc=desc, unit=unit, disable=None, leave=False)

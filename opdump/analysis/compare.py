@@ -69,7 +69,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
-from .common import base_op_type, is_garbage, is_random_op, stats_nonfinite
+from .common import base_op_type, is_garbage, is_random_op, stats_nonfinite, progress_bar
 from .metrics import _batch, _task
 from .reader import Dump, open_dump, sanitize, scope_of
 
@@ -457,13 +457,7 @@ def _run_pairs(tasks: List[Tuple[int, str, str, int]], workers: int, parallel_mi
     ``parallel_min`` or more, in batches of small pairs, with at most ``max_inflight`` batches
     submitted at a time (bounded memory: workers memory-map their files)."""
     results: Dict[int, Dict[str, Any]] = {}
-    bar = None
-    if progress:
-        try:
-            from tqdm import tqdm
-            bar = tqdm(total=len(tasks), desc="compare", unit="pair", disable=None, leave=False)
-        except ImportError:  # pragma: no cover
-            bar = None
+    bar = progress_bar(progress, len(tasks), "compare", "pair")
     if workers <= 1 or len(tasks) < parallel_min:
         for t in tasks:
             idx, m = _task(t)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional
 
-from .common import array_nonfinite, is_float_row, is_garbage, stats_nonfinite
+from .common import array_nonfinite, is_float_row, is_garbage, stats_nonfinite, progress_bar
 from .reader import Dump
 
 __all__ = ["OverflowEvent", "OverflowReport", "find_overflow"]
@@ -142,13 +142,7 @@ def find_overflow(dump: Dump, rank: Optional[int] = None, iterations: Optional[I
     keep = [not is_garbage(t, io, s) for t, io, s in zip(rec["op_type"], rec["io"], rec["slot"])]
     rec = rec[keep]
     methods = set()
-    bar = None
-    if progress:
-        try:
-            from tqdm import tqdm
-            bar = tqdm(total=len(rec), desc="overflow scan", unit="tensor", disable=None, leave=False)
-        except ImportError:  # pragma: no cover
-            bar = None
+    bar = progress_bar(progress, len(rec), "overflow scan", "tensor")
     records = rec.to_dict("records")
     # group rows by rank, then by op call (contiguous in order)
     by_rank: Dict[int, List[Dict[str, Any]]] = {}

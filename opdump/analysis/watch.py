@@ -38,7 +38,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .common import CHUNK_ELEMS, is_float_row, is_garbage, iter_chunks
+from .common import CHUNK_ELEMS, is_float_row, is_garbage, iter_chunks, progress_bar
 from .reader import Dump, load_array
 
 __all__ = ["Condition", "WatchHit", "watch", "CONDITIONS"]
@@ -372,13 +372,7 @@ def watch(dump: Dump, conditions: Iterable[Union[Condition, str]], *, rank: Opti
 
     plain = [c for c in conds if not c.is_change]
     change = [c for c in conds if c.is_change]
-    bar = None
-    if progress:
-        try:
-            from tqdm import tqdm
-            bar = tqdm(total=len(rows), desc="watch", unit="tensor", disable=None, leave=False)
-        except ImportError:  # pragma: no cover
-            bar = None
+    bar = progress_bar(progress, len(rows), "watch", "tensor")
     rows.sort(key=lambda r: (r["rank"], -1 if r["iteration"] is None else r["iteration"], r["order"]))
 
     def mk(c, r, res, prev_it=None):

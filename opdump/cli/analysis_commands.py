@@ -77,22 +77,27 @@ def _pd_print(df, limit: Optional[int] = None) -> None:
 
 # ----------------------------------------------------------------------------- ls
 
+def _select(df, args, iterations):
+    """Rows of ``df`` in the ``--rank``, ``--graph`` and ``--iteration`` the user asked for."""
+    if args.rank is not None:
+        df = df[df["rank"] == args.rank]
+    if args.graph is not None:
+        df = df[df["graph"] == args.graph]
+    if iterations is not None:
+        df = df[df["iteration"].isin(iterations)]
+    return df
+
+
 def cmd_ls(args) -> int:
     try:
         d = _open(args.path)
     except Exception as e:  # noqa: BLE001 - reported, exit 2
         return _err(str(e))
-    rec = d.records()
-    if args.rank is not None:
-        rec = rec[rec["rank"] == args.rank]
-    if args.graph is not None:
-        rec = rec[rec["graph"] == args.graph]
     try:
         its = parse_iterations(args.iteration)
     except ValueError as e:
         return _err(str(e))
-    if its is not None:
-        rec = rec[rec["iteration"].isin(its)]
+    rec = _select(d.records(), args, its)
     print(f"dump: {d.path}")
     for rid in d.rank_ids:
         r = d.ranks[rid]
@@ -104,11 +109,7 @@ def cmd_ls(args) -> int:
         print(f"rank {rid}: {who or 'no config.json'}; saved_data={saved or '?'}; {state}; "
               f"graphs {sorted(r.graphs)}")
     if args.ops:
-        ops = d.ops()
-        if args.rank is not None:
-            ops = ops[ops["rank"] == args.rank]
-        if args.graph is not None:
-            ops = ops[ops["graph"] == args.graph]
+        ops = _select(d.ops(), args, None)
         ops = ops.assign(source=[f"{f}:{int(l)}" if isinstance(f, str) and l == l and l is not None else ""
                                  for f, l in zip(ops["file"], ops["line"])])
         cols = ["rank", "graph", "index", "kind", "op_type", "full_name", "source"]
@@ -120,26 +121,12 @@ def cmd_ls(args) -> int:
         return 0
     if args.tensors or args.stats:
         if args.stats:
-            st = d.statistics()
-            if args.rank is not None:
-                st = st[st["rank"] == args.rank]
-            if args.graph is not None:
-                st = st[st["graph"] == args.graph]
-            if its is not None:
-                st = st[st["iteration"].isin(its)]
-            df = st
+            df = _select(d.statistics(), args, its)
             cols = [c for c in ["rank", "graph", "iteration", "op", "io", "slot", "dtype", "shape", "max", "min",
                                 "avg", "l2norm", "nan_count", "positive_inf_count", "negative_inf_count"]
                     if c in df.columns]
         else:
-            t = d.tensors()
-            if args.rank is not None:
-                t = t[t["rank"] == args.rank]
-            if args.graph is not None:
-                t = t[t["graph"] == args.graph]
-            if its is not None:
-                t = t[t["iteration"].isin(its)]
-            df = t
+            df = _select(d.tensors(), args, its)
             cols = ["rank", "graph", "iteration", "op", "io", "slot", "dtype", "shape", "nbytes"] + (
                 ["path"] if args.paths else [])
         if args.csv:
