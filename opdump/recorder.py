@@ -112,7 +112,8 @@ class Recorder:
             self.stats = StatsEngine(cfg)
         self._pending: Dict[str, _PendingRows] = {}
         self._seen: Dict[int, _Seen] = {}
-        self.buffers = HostBuffers(session.writer.budget // 2)
+        writer = session.writer
+        self.buffers = HostBuffers(lambda: writer.budget - writer.held)
         self._csv: Dict[str, StatisticCsv] = {}
         self._kernel_args_done: set = set()
         self._lock = threading.RLock()

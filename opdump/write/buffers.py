@@ -7,13 +7,15 @@ therefore made into a small pool of same-sized raw byte buffers.  A
 computing host statistics) and its buffer goes back to the pool when the last one
 releases it — explicitly, not by garbage collection, because numpy views of the
 copy do not keep the tensor object alive.  The pool keeps at most ``cap_bytes`` of
-free buffers: a fixed bound added to the writer's byte budget.
+free buffers, where ``cap_bytes`` is a number or a function giving the room left
+(the recorder passes "the writer's budget minus the bytes it holds", so copies in
+flight and free buffers together stay within the one budget).
 """
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import List, Optional
+from typing import Callable, List, Optional, Union
 
 import torch
 
@@ -52,8 +54,8 @@ class HostCopy:
 
 
 class HostBuffers:
-    def __init__(self, cap_bytes: int):
-        self.cap = max(0, int(cap_bytes))
+    def __init__(self, cap_bytes: Union[int, Callable[[], int]]):
+        self._cap = cap_bytes if callable(cap_bytes) else (lambda: int(cap_bytes))
         self._free: "OrderedDict[int, List[torch.Tensor]]" = OrderedDict()
         self._free_bytes = 0
         self._lock = threading.Lock()
@@ -61,7 +63,7 @@ class HostBuffers:
     def copy_of(self, t: torch.Tensor) -> HostCopy:
         """An exact contiguous copy of CPU tensor ``t`` (one reference held by the caller)."""
         nbytes = t.numel() * t.element_size()
-        if nbytes < _SMALL or self.cap == 0:
+        if nbytes < _SMALL:
             return HostCopy(t.clone(memory_format=torch.contiguous_format), None, None)
         raw = None
         with self._lock:
@@ -72,22 +74,33 @@ class HostBuffers:
                 if not bucket:
                     del self._free[nbytes]
         if raw is None:
+            with self._lock:
+                self._trim(self.cap)          # make room: a new buffer comes out of the same budget
             raw = torch.empty(nbytes, dtype=torch.uint8)
         buf = raw.view(t.dtype).view(t.shape)
         buf.copy_(t)
         return HostCopy(buf, raw, self)
 
+    @property
+    def cap(self) -> int:
+        return max(0, self._cap())
+
+    def _trim(self, limit: int) -> None:
+        """Drop free buffers, oldest size first, until at most ``limit`` bytes are kept (lock held)."""
+        while self._free and self._free_bytes > limit:
+            size, bucket = next(iter(self._free.items()))
+            bucket.pop()
+            self._free_bytes -= size
+            if not bucket:
+                del self._free[size]
+
     def give(self, raw: torch.Tensor) -> None:
         nbytes = raw.numel()
-        if nbytes > self.cap:
+        cap = self.cap
+        if nbytes > cap:
             return
         with self._lock:
-            while self._free and self._free_bytes + nbytes > self.cap:
-                size, bucket = next(iter(self._free.items()))     # evict the oldest size
-                bucket.pop()
-                self._free_bytes -= size
-                if not bucket:
-                    del self._free[size]
+            self._trim(cap - nbytes)
             self._free.setdefault(nbytes, []).append(raw)
             self._free.move_to_end(nbytes)
             self._free_bytes += nbytes

@@ -33,6 +33,11 @@ class BackgroundWriter:
         self._closed = False
 
     @property
+    def held(self) -> int:
+        """Bytes held by queued and running jobs."""
+        return self._held
+
+    @property
     def failed(self) -> bool:
         return bool(self.errors)
 
