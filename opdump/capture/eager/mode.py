@@ -48,9 +48,12 @@ Decisions (README-ready):
 * **Tensors.** Inputs are copied before the operator runs (in-place operators
   cannot alter them), outputs after; an in-place operator that returns nothing
   (``_foreach_add_``) has its mutated arguments dumped as its outputs.
-* **Cost.** In an iteration that does not dump, the mode forwards each operator
-  after two attribute checks; stack walking, names and copies happen only in
-  dumped iterations.
+* **Cost.** The mode is on the dispatch stack only during iterations that dump
+  (pushed at a dumped iteration's start, popped at its end, see
+  :meth:`EagerCapture._sync_mode`); other iterations run plain eager.  If it
+  cannot be popped (a mode entered later sits above it), it forwards each
+  operator after two attribute checks.  Stack walking, names and copies happen
+  only in dumped iterations.
 """
 from __future__ import annotations
 
