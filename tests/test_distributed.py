@@ -1,8 +1,5 @@
 """Two real ranks (torch.distributed, gloo): each dumps into its own rank_{r} folder,
 and data-parallel replicas dump identical parameters."""
-import os
-import socket
-
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -12,15 +9,9 @@ from dumpfiles import tensor_files
 from conftest import write_config
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank, world, port, cfg):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def _worker(rank, world, store_file, cfg):
+    # a file rendezvous: no TCP port to race for
+    dist.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank, world_size=world)
     import opdump
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
@@ -41,7 +32,7 @@ def _worker(rank, world, port, cfg):
 
 def test_two_ranks_dump_into_their_own_folders(tmp_path):
     cfg = write_config(tmp_path, common={"iteration": "1"})
-    mp.spawn(_worker, args=(2, _free_port(), cfg), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, str(tmp_path / "rendezvous"), cfg), nprocs=2, join=True)
     files = tensor_files(str(tmp_path / "dump"))
     assert {f.rank for f in files} == {0, 1}
     params = {(f.rank, f.op_name): f.load() for f in files if f.op_type == "Parameter" and "weight" in f.op_name}
