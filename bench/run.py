@@ -749,26 +749,21 @@ def memory_baseline(mode: str) -> str:
 def scaling_linearity(scaling) -> Dict[str, str]:
     """Overhead per dumped tensor across layer counts, and per MiB across widths: flat = linear."""
     texts, oks = [], []
-    per_tensor = []
-    for row in scaling.get("layers", []):
-        g = row.get("graph")
-        if g and "error" not in g and g.get("tensors_per_step"):
-            per_tensor.append((row["layers"], (g["median"] - g["base_median"]) / g["tensors_per_step"]))
-    if len(per_tensor) >= 2:
-        texts.append("graph statistic overhead per tensor: " +
-                     ", ".join(f"{nl}L {v * 1e6:.0f} µs" for nl, v in per_tensor))
-        first = per_tensor[0][1]
-        oks.append(all(v <= max(first, 1e-6) * 1.5 for _, v in per_tensor[1:]))
-    per_mib = []
-    for row in scaling.get("width", []):
-        g = row.get("graph")
-        if g and "error" not in g and g.get("stat_mib_per_step"):
-            per_mib.append((row["width"], (g["median"] - g["base_median"]) / g["stat_mib_per_step"]))
-    if len(per_mib) >= 2:
-        texts.append("per MiB of statted tensors: " +
-                     ", ".join(f"width {w} {v * 1e3:.2f} ms" for w, v in per_mib))
-        first = per_mib[0][1]
-        oks.append(all(v <= max(first, 1e-6) * 1.5 for _, v in per_mib[1:]))
+
+    def flat(rows, key, unit_key, label, fmt):
+        """Overhead per unit along ``rows``; ok when no point exceeds the first by 1.5×."""
+        points = [(row[key], (g["median"] - g["base_median"]) / g[unit_key])
+                  for row in rows for g in [row.get("graph")]
+                  if g and "error" not in g and g.get(unit_key)]
+        if len(points) >= 2:
+            texts.append(label + ", ".join(fmt(k, v) for k, v in points))
+            first = points[0][1]
+            oks.append(all(v <= max(first, 1e-6) * 1.5 for _, v in points[1:]))
+
+    flat(scaling.get("layers", []), "layers", "tensors_per_step", "graph statistic overhead per tensor: ",
+         lambda nl, v: f"{nl}L {v * 1e6:.0f} µs")
+    flat(scaling.get("width", []), "width", "stat_mib_per_step", "per MiB of statted tensors: ",
+         lambda w, v: f"width {w} {v * 1e3:.2f} ms")
     if oks:
         return {"text": "; ".join(texts), "verdict": "**met** (cost per tensor / per MiB flat within 1.5×)" if all(oks)
                 else "**not met** (cost per tensor or per MiB grows)"}

@@ -22,7 +22,9 @@ from .capture.op_info import OpInfo
 from .write.buffers import HostBuffers, HostCopy
 from .write.atomic import atomic_save_npy, atomic_write_bytes
 from .write.dtypes import dtype_name, to_numpy
-from .write.names import file_stem, parameter_file_name, sanitize, tensor_file_name
+from .write.names import parameter_file_name, tensor_file_name
+from .write.statistic_csv import StatisticCsv
+from .stats import StatsEngine, format_shape
 
 
 class _Clock:
@@ -91,34 +93,22 @@ class _Seen:
         self.device_handle = None  # its device statistics in the current batch
 
 
-class _PendingRows:
-    """statistic.csv rows of one folder, waiting for their device values / host cells."""
-
-    def __init__(self, folder: str):
-        self.folder = folder
-        self.rows: List[Tuple[List[str], Optional[int], Any]] = []
-
-
 class Recorder:
     def __init__(self, session):
         self.session = session
         cfg = session.config
         self.config = cfg
-        self.writer = session.writer
+        self.writer = writer = session.writer
         self.clock = _Clock()
-        self.stats = None
-        if cfg.dump_statistics:
-            from .stats import StatsEngine
-            self.stats = StatsEngine(cfg)
-        self._pending: Dict[str, _PendingRows] = {}
+        self.stats = StatsEngine(cfg) if cfg.dump_statistics else None
+        # statistic.csv rows per folder, waiting for their device values / host cells
+        self._pending: Dict[str, List[Tuple[List[str], Optional[int], Any]]] = {}
         self._seen: Dict[int, _Seen] = {}
-        writer = session.writer
         self.buffers = HostBuffers(lambda: writer.budget - writer.held)
         self._csv: Dict[str, StatisticCsv] = {}
         self._kernel_args_done: set = set()
         self._lock = threading.RLock()
         self._warned: set = set()
-        self.tensors_recorded = 0
 
     # ------------------------------------------------------------------ tensors
     def record(self, folder: str, op: OpInfo, io: str, slot: int, tensor: torch.Tensor) -> None:
@@ -132,18 +122,19 @@ class Recorder:
             return
         self._record(folder, "Parameter", name, "output", 0, tensor, parameter=True)
 
-    def _record(self, folder, op_type, op_name, io, slot, tensor, parameter=False, stem=None) -> None:
+    def _record(self, folder, op_type, op_name, io, slot, tensor, parameter=False, stem="") -> None:
+        """``stem``: the operator's sanitized ``{op_type}.{op_name}`` (parameters have their own name form)."""
         cfg = self.config
         ts = self.clock()
         stream = stream_id_of(tensor)
         dtype = dtype_name(tensor.dtype)
+        nbytes = tensor.numel() * tensor.element_size()
         want_file = cfg.dump_tensors
         stats = self.stats
         need_copy = want_file or (stats is not None and stats.needs_host_copy)
         seen = self._seen_entry(tensor)
         host_future = None
         if need_copy:
-            nbytes = tensor.numel() * tensor.element_size()
             copy = seen.copy() if seen is not None and seen.copy is not None else None
             self.writer.reserve(nbytes)
             buf_new = copy is None or not copy.acquire()
@@ -159,7 +150,7 @@ class Recorder:
                 if parameter:
                     name = parameter_file_name(op_name, ts, dtype)
                 else:
-                    name = tensor_file_name(stem or file_stem(op_type, op_name), 0, stream, ts, io, slot, fmt, dtype)
+                    name = tensor_file_name(stem, 0, stream, ts, io, slot, fmt, dtype)
             else:
                 name = None
             # host statistics come from the very copy the file is written from
@@ -172,11 +163,9 @@ class Recorder:
             seen.copy, seen.event, seen.fmt = weakref.ref(copy), event, fmt
             if host_stats:
                 seen.host_future = future
-        self.tensors_recorded += 1
         if stats is not None:
-            from .stats import format_shape
             prefix = [op_type, op_name, "0", str(stream), str(ts), io, str(slot),
-                      str(tensor.numel() * tensor.element_size()), dtype, format_shape(tuple(tensor.shape))]
+                      str(nbytes), dtype, format_shape(tuple(tensor.shape))]
             # Launch, append and collect share one lock, so a handle always belongs
             # to the batch that is collected with its row.
             with self._lock:
@@ -188,10 +177,7 @@ class Recorder:
                         if seen is None:
                             seen = self._remember(tensor)
                         seen.device_handle = device_handle
-                pending = self._pending.get(folder)
-                if pending is None:
-                    pending = self._pending[folder] = _PendingRows(folder)
-                pending.rows.append((prefix, device_handle, host_future))
+                self._pending.setdefault(folder, []).append((prefix, device_handle, host_future))
 
     # ------------------------------------------------------------------ same tensor, seen again
     def _seen_entry(self, tensor: torch.Tensor) -> Optional["_Seen"]:
@@ -259,7 +245,7 @@ class Recorder:
         if key in self._kernel_args_done:
             return
         self._kernel_args_done.add(key)
-        path = self.session.layout.place(folder, f"{sanitize(op.op_type)}.{sanitize(op.full_name)}.json")
+        path = self.session.layout.place(folder, f"{op.file_stem}.json")
         data = json.dumps({k: str(v) for k, v in op.args.items()}, indent=2).encode()
         self.writer.submit(lambda: atomic_write_bytes(path, data))
 
@@ -278,10 +264,9 @@ class Recorder:
         for folder, rows in pending.items():
             csv = self._csv.get(folder)
             if csv is None:
-                from .write.statistic_csv import StatisticCsv
                 csv = self._csv[folder] = StatisticCsv(
                     self.session.layout.place(folder, "statistic.csv"), self.config.statistic_category)
-            batch = [(prefix, None if h is None else device_values[h], fut) for prefix, h, fut in rows.rows]
+            batch = [(prefix, None if h is None else device_values[h], fut) for prefix, h, fut in rows]
             self.writer.submit(lambda csv=csv, batch=batch: self._write_rows(csv, batch))
 
     def _write_rows(self, csv: StatisticCsv, batch) -> None:

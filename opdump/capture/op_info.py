@@ -43,8 +43,8 @@ class OpInfo:
     @cached_property
     def file_stem(self) -> str:
         """``{op_type}.{op_name}`` as it starts every file name of this operator (sanitized once)."""
-        from ..write.names import sanitize
-        return f"{sanitize(self.op_type)}.{sanitize(self.full_name)}"
+        from ..write.names import file_stem
+        return file_stem(self.op_type, self.full_name)
 
     def user_source(self) -> Optional[SourceLine]:
         """The innermost frame of the user's own code (not torch or site-packages)."""

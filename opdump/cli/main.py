@@ -16,20 +16,9 @@ def build_parser() -> argparse.ArgumentParser:
     run_cmd.register(sub)
     from . import demo as demo_cmd
     demo_cmd.register(sub)
-    try:
-        from . import analysis_commands
-    except ImportError as exc:  # the analysis side needs pandas; say so instead of hiding the commands
-        _missing = str(exc)
-        p = sub.add_parser("ls", help="(needs pandas) summarise a dump")
-        p.set_defaults(func=lambda args: _need_analysis(_missing))
-    else:
-        analysis_commands.register(sub)
+    from . import analysis_commands
+    analysis_commands.register(sub)
     return parser
-
-
-def _need_analysis(reason: str) -> int:
-    print(f"opdump: the analysis commands need pandas ({reason}); pip install 'opdump[analysis]'", file=sys.stderr)
-    return 2
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -43,7 +32,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except ModuleNotFoundError as exc:
+        # the analysis side imports pandas (an optional dependency) only when it needs it
+        if exc.name not in ("pandas", "tqdm"):
+            raise
+        print(f"opdump {args.command}: needs {exc.name}; pip install 'opdump[analysis]'", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ import torch.fx as fx
 from ..naming import _clean_path
 from .instrument import GraphRuntime, instrument
 from .ops import read_ops
+from ...write.dtypes import dtype_name
 from ...write.graph_files import render_execution_order, render_graph_json, render_ir
 
 Real = Union[str, Callable, None]
@@ -188,7 +189,7 @@ class _GraphCapture:
         described = []
         for pos, name in params:
             val = placeholders[pos].meta.get("val")
-            meta = (tuple(val.shape), _dtype(val)) if isinstance(val, torch.Tensor) else None
+            meta = (tuple(val.shape), dtype_name(val.dtype)) if isinstance(val, torch.Tensor) else None
             described.append((name, meta))
         layout.write_small(layout.ir_path(graph_id), render_ir(graph_id, kind, ops, described).encode())
         layout.write_small(layout.ir_path(graph_id, "json"), render_graph_json(graph_id, kind, ops, described).encode())
@@ -210,7 +211,3 @@ class _GraphCapture:
         for i, value in enumerate(constants):
             session.recorder.record_parameter(folder, f"data-{i}", value)
 
-
-def _dtype(val) -> str:
-    from ...write.dtypes import dtype_name
-    return dtype_name(val.dtype)
