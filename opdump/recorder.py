@@ -109,6 +109,7 @@ class Recorder:
         self._kernel_args_done: set = set()
         self._lock = threading.RLock()
         self._warned: set = set()
+        self.tensors_recorded = 0      # tensors handed to _record (the bench reports it per step)
 
     # ------------------------------------------------------------------ tensors
     def record(self, folder: str, op: OpInfo, io: str, slot: int, tensor: torch.Tensor) -> None:
@@ -125,6 +126,7 @@ class Recorder:
     def _record(self, folder, op_type, op_name, io, slot, tensor, parameter=False, stem="") -> None:
         """``stem``: the operator's sanitized ``{op_type}.{op_name}`` (parameters have their own name form)."""
         cfg = self.config
+        self.tensors_recorded += 1
         ts = self.clock()
         stream = stream_id_of(tensor)
         dtype = dtype_name(tensor.dtype)
