@@ -25,6 +25,7 @@ from .write.dtypes import dtype_name, to_numpy
 from .write.names import parameter_file_name, tensor_file_name
 from .write.statistic_csv import StatisticCsv
 from .stats import StatsEngine, format_shape
+from .stats.device import tensor_version
 
 
 class _Clock:
@@ -67,15 +68,9 @@ def _copy_out(t: torch.Tensor, trans_flag: bool, buffers: HostBuffers) -> Tuple[
 
 
 def stream_id_of(t: torch.Tensor) -> int:
-    if t.device.type == "cuda":
+    if t.is_cuda:
         return int(torch.cuda.current_stream(t.device).stream_id)
     return 0
-
-
-def _version(tensor: torch.Tensor) -> int:
-    """The tensor's version counter; inference tensors have none (-1: never reused, since
-    an in-place update could not be detected)."""
-    return -1 if tensor.is_inference() else tensor._version
 
 
 class _Seen:
@@ -102,7 +97,7 @@ class Recorder:
         self.clock = _Clock()
         self.stats = StatsEngine(cfg) if cfg.dump_statistics else None
         # statistic.csv rows per folder, waiting for their device values / host cells
-        self._pending: Dict[str, List[Tuple[List[str], Optional[int], Any]]] = {}
+        self._pending: Dict[str, List[Tuple[tuple, Optional[int], Any]]] = {}
         self._seen: Dict[int, _Seen] = {}
         self.buffers = HostBuffers(lambda: writer.budget - writer.held)
         self._csv: Dict[str, StatisticCsv] = {}
@@ -166,8 +161,8 @@ class Recorder:
             if host_stats:
                 seen.host_future = future
         if stats is not None:
-            prefix = [op_type, op_name, "0", str(stream), str(ts), io, str(slot),
-                      str(nbytes), dtype, format_shape(tuple(tensor.shape))]
+            # the row's text is made in the writer thread (see _write_rows)
+            prefix = (op_type, op_name, stream, ts, io, slot, nbytes, dtype, tensor.shape)
             # Launch, append and collect share one lock, so a handle always belongs
             # to the batch that is collected with its row.
             with self._lock:
@@ -191,7 +186,7 @@ class Recorder:
         """
         entry = self._seen.get(id(tensor))
         if (entry is None or entry.version < 0 or entry.tensor() is not tensor
-                or entry.version != _version(tensor)):
+                or entry.version != tensor_version(tensor)):
             return None
         return entry
 
@@ -201,9 +196,11 @@ class Recorder:
         (Inside a dispatch mode the version counter is not a reliable witness of an
         operator's own in-place write, so the eager front-end says it explicitly.)"""
         self._seen.pop(id(tensor), None)
+        if self.stats is not None:
+            self.stats.device_forget(tensor)
 
     def _remember(self, tensor: torch.Tensor) -> "_Seen":
-        entry = _Seen(weakref.ref(tensor), _version(tensor))
+        entry = _Seen(weakref.ref(tensor), tensor_version(tensor))
         self._seen[id(tensor)] = entry
         return entry
 
@@ -262,18 +259,21 @@ class Recorder:
             pending, self._pending = self._pending, {}
             if not pending:
                 return
-            device_values = self.stats.device_collect()
+            device_cells = self.stats.device_gather()     # the one sync; formatting is left to the writer
         for folder, rows in pending.items():
             csv = self._csv.get(folder)
             if csv is None:
                 csv = self._csv[folder] = StatisticCsv(
                     self.session.layout.place(folder, "statistic.csv"), self.config.statistic_category)
-            batch = [(prefix, None if h is None else device_values[h], fut) for prefix, h, fut in rows]
-            self.writer.submit(lambda csv=csv, batch=batch: self._write_rows(csv, batch))
+            self.writer.submit(lambda csv=csv, rows=rows: self._write_rows(csv, rows, device_cells))
 
-    def _write_rows(self, csv: StatisticCsv, batch) -> None:
+    def _write_rows(self, csv: StatisticCsv, batch, device_cells) -> None:
         rows = []
-        for prefix, dev, fut in batch:
+        cells = device_cells.cells()
+        for (op_type, op_name, stream, ts, io, slot, nbytes, dtype, shape), h, fut in batch:
+            dev = None if h is None else cells[h]
             host = fut.result() if fut is not None else None
+            prefix = [op_type, op_name, "0", str(stream), str(ts), io, str(slot),
+                      str(nbytes), dtype, format_shape(shape)]
             rows.append(prefix + self.stats.row_cells(dev, host))
         csv.append_rows(rows)

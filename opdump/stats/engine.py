@@ -85,21 +85,31 @@ class StatsEngine:
         with self._lock:
             return self._batch.add(tensor)
 
+    def device_forget(self, tensor: torch.Tensor) -> None:
+        """``tensor`` is being written in place: later tensors on its memory are computed anew."""
+        if self._batch is not None:
+            with self._lock:
+                self._batch.forget(tensor)
+
     def device_collect(self) -> List[Dict[str, str]]:
         """Formatted device cells (``{category: cell}``) of every launched tensor, indexed by handle.
 
         One synchronisation per device; the handles are reset afterwards.
         """
+        return self.device_gather().cells()
+
+    def device_gather(self) -> "DeviceCells":
+        """The sync half of :meth:`device_collect`: values brought to the host, handles reset.
+
+        The formatting (Python work per tensor) is left to :meth:`DeviceCells.cells`,
+        which the recorder calls in a writer thread.
+        """
         if self._batch is None:
-            return []
+            return DeviceCells(None, ())
         with self._lock:
-            batch = self._batch
-            values = batch.collect()
-            dtypes = [batch.dtype(i) for i in range(len(values))]
-            batch.clear()
-        cats = [lookup(c) for c in self.device_categories]
-        return [{c.name: format_cell(c.kind, v, dt) for c, v in zip(cats, vals)}
-                for vals, dt in zip(values, dtypes)]
+            gathered = self._batch.gather()
+            self._batch.clear()
+        return DeviceCells(gathered, self.device_categories)
 
     # ------------------------------------------------------------------ host
     def host_cells(self, cpu_tensor: torch.Tensor) -> Dict[str, str]:
@@ -122,3 +132,25 @@ class StatsEngine:
                 cell = host_cells.get(name, "")
             out.append(cell)
         return out
+
+
+class DeviceCells:
+    """Device statistics of one flush, formatted on first use (thread-safe)."""
+
+    def __init__(self, gathered, categories: Sequence[str]):
+        self._gathered = gathered
+        self._cats = [lookup(c) for c in categories]
+        self._cells: Optional[List[Dict[str, str]]] = None
+        self._lock = threading.Lock()
+
+    def cells(self) -> List[Dict[str, str]]:
+        with self._lock:
+            if self._cells is None:
+                g = self._gathered
+                if g is None:
+                    self._cells = []
+                else:
+                    self._cells = [{c.name: format_cell(c.kind, v, dt) for c, v in zip(self._cats, vals)}
+                                   for vals, dt in zip(g.values(), g.dtypes)]
+                    self._gathered = None
+            return self._cells
