@@ -224,6 +224,8 @@ class Recorder:
             copy.release()
 
     def _unsupported(self, tensor: torch.Tensor) -> bool:
+        if type(tensor) is torch.Tensor and tensor.layout is torch.strided and not tensor.is_meta:
+            return False                        # the common case, decided in three attribute reads
         reason = None
         if tensor.is_sparse or tensor.layout != torch.strided:
             reason = f"layout {tensor.layout}"

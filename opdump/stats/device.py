@@ -88,11 +88,12 @@ def tensor_version(tensor: torch.Tensor) -> int:
 class _Ctx:
     """Per-tensor launch context: the working view and shared intermediates."""
 
-    __slots__ = ("x", "is_float", "precision", "cpu", "_minmax")
+    __slots__ = ("x", "is_float", "is_bool", "precision", "cpu", "_minmax")
 
     def __init__(self, t: torch.Tensor, precision: str):
         """``t``: the tensor in memory order (see :func:`memory_order`)."""
-        if t.dtype is torch.bool:
+        self.is_bool = t.dtype is torch.bool
+        if self.is_bool:
             t = t.view(torch.uint8)
         elif t.dtype in _FLOAT8:
             t = t.to(torch.float32)
@@ -185,7 +186,14 @@ def _with_tail(per_row: torch.Tensor, tail: Optional[torch.Tensor]) -> torch.Ten
     return per_row if tail is None else torch.cat([per_row.reshape(-1), tail])
 
 
+def _true_count(c: _Ctx) -> torch.Tensor:
+    """A bool tensor's sum (= its sum of squares), exact, without a float copy of it."""
+    return c.x.sum(dtype=torch.int64).to(torch.float64)
+
+
 def d_avg(c: _Ctx):
+    if c.is_bool:
+        return _true_count(c) / c.x.numel()
     parts = _blocks(c)
     if parts is not None:
         rows, tail = parts
@@ -196,6 +204,8 @@ def d_avg(c: _Ctx):
 
 
 def d_l2norm(c: _Ctx):
+    if c.is_bool:
+        return _true_count(c).sqrt()
     parts = _blocks(c)
     if parts is not None:
         # sqrt(sum of squared row norms + sum of squared tail elements), in float64

@@ -7,6 +7,7 @@ the dump root (SPEC F40).
 """
 from __future__ import annotations
 
+import functools
 import re
 
 MAX_NAME_BYTES = 255
@@ -27,7 +28,9 @@ def tensor_file_name(stem: str, task_id: int, stream_id: int, timestamp: int,
     return f"{stem}.{task_id}.{stream_id}.{timestamp}.{io}.{slot}.{fmt}.{dtype}.{ext}"
 
 
+@functools.lru_cache(maxsize=65536)
 def file_stem(op_type: str, op_name: str) -> str:
+    """``{op_type}.{op_name}`` sanitized; memoized (eager mode asks again on every call of an operator)."""
     return f"{sanitize(op_type)}.{sanitize(op_name)}"
 
 

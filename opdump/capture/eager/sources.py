@@ -39,9 +39,12 @@ _kind_cache: Dict[str, Optional[bool]] = {}
 _line_cache: Dict[Tuple[str, int], str] = {}
 
 
+_UNKNOWN = object()
+
+
 def _kind(filename: str) -> Optional[bool]:
-    kind = _kind_cache.get(filename, 0)
-    if kind == 0:
+    kind = _kind_cache.get(filename, _UNKNOWN)
+    if kind is _UNKNOWN:            # (not ``== 0``: False == 0, and library files would never be cached)
         if any(m in filename for m in _COMPILED_MARKERS):
             kind = None
         elif filename.startswith(_OPDUMP_DIR) or filename.startswith("<frozen"):

@@ -90,7 +90,13 @@ def _tap_outputs(rid: int, index: int, value) -> None:
     record = rt.recorder.record
     # Output slots are positions among the output's leaves, so a None output
     # (e.g. convolution_backward's grad_input of a first layer) keeps its slot.
-    for slot, t in enumerate(pytree.tree_leaves(value)):
+    if isinstance(value, torch.Tensor):
+        leaves = (value,)
+    elif isinstance(value, (tuple, list)) and all(v is None or isinstance(v, torch.Tensor) for v in value):
+        leaves = value           # the usual multi-output form: no pytree walk
+    else:
+        leaves = pytree.tree_leaves(value)
+    for slot, t in enumerate(leaves):
         if isinstance(t, torch.Tensor):
             if op.mutates:         # written in place: what was recorded of it before is stale
                 rt.recorder.forget(t)
