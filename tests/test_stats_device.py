@@ -195,3 +195,74 @@ def test_random_device_matches_host(arr, bf16):
     [row] = batch.collect()
     for cat, d, h in zip(DEVICE_CATS, row, host_values(t)):
         agree(cat, d, h, 1e-12)
+
+
+# --------------------------------------------------------------------------- memory order, reuse
+LAYOUTS = {
+    # name: a function of a contiguous (64, 96, 5) float32 base -> a strided tensor
+    "transpose": lambda b: b.transpose(0, 1),
+    "permute": lambda b: b.permute(2, 0, 1),
+    "slice_gap": lambda b: b[:, 10:70:3],
+    "expand": lambda b: b[:1].expand(7, 96, 5),
+    "big_transpose": lambda b: b.reshape(-1).repeat(40).view(3200, 384).t(),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_strided_tensors_agree_with_host(layout):
+    """Permuted tensors are reduced through a contiguous view of their memory, slices and
+    expands through a copy: the values must still be the host's, category by category."""
+    torch.manual_seed(0)
+    base = torch.randn(64, 96, 5)
+    base[3, 4, 1] = 1e4          # a unique max and min, wherever they land
+    base[60, 2, 4] = -1e4
+    t = LAYOUTS[layout](base)
+    assert not t.is_contiguous()
+    batch = DeviceStatsBatch(DEVICE_CATS, "high")
+    batch.add(t)
+    [values] = batch.collect()
+    scale = float(t.abs().double().mean())
+    for cat, d, h in zip(DEVICE_CATS, values, host_values(t.contiguous())):
+        if cat == "avg":     # float32 rows (1e-7 of the mean magnitude; the mean itself is ~0)
+            assert abs(d - h) <= 1e-6 * scale, (layout, d, h)
+        else:
+            agree(f"{layout}/{cat}", d, h, 1e-6)
+
+
+def test_views_of_one_memory_block_share_statistics():
+    x = torch.randn(300, 200)
+    batch = DeviceStatsBatch(["max", "min", "l2norm"], "high")
+    i = batch.add(x)
+    assert batch.add(x.t()) == i                 # same elements, other order: reused
+    assert batch.add(x.view(200, 300)) == i
+    assert batch.add(x[:100]) != i               # fewer elements: computed
+    j = batch.add(x.neg())                       # another tensor
+    assert j != i
+    x.mul_(2)                                    # in-place write: the version counter moves
+    k = batch.add(x.t())
+    assert k not in (i, j)
+    values = batch.collect()
+    assert values[k][0] == pytest.approx(2 * values[i][0])
+    assert values[k][2] == pytest.approx(2 * values[i][2])
+
+
+def test_reuse_needs_the_first_tensor_alive_and_not_forgotten():
+    x = torch.randn(50, 40)
+    batch = DeviceStatsBatch(["max"], "high")
+    first = batch.add(x.view(-1))                # that view object dies right away
+    assert batch.add(x) != first                 # its memory could have been reused: computed anew
+    second = batch.add(x)
+    batch.forget(x)                              # the eager front-end: "written in place"
+    assert batch.add(x.t()) != second
+
+
+@pytest.mark.parametrize("shape", [(5,), (70000,), (3, 70001)])
+def test_bool_sum_of_squares_is_its_true_count(shape):
+    torch.manual_seed(1)
+    t = torch.rand(shape) < 0.3
+    batch = DeviceStatsBatch(["avg", "l2norm"], "high")
+    batch.add(t)
+    [(avg, l2)] = batch.collect()
+    n = int(t.sum())
+    assert l2 == pytest.approx(math.sqrt(n), rel=1e-15)
+    assert avg == pytest.approx(n / t.numel(), rel=1e-15)
