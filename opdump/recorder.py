@@ -101,6 +101,7 @@ class Recorder:
         self._seen: Dict[int, _Seen] = {}
         self.buffers = HostBuffers(lambda: writer.budget - writer.held)
         self._csv: Dict[str, StatisticCsv] = {}
+        self._csv_lock = threading.Lock()
         self._kernel_args_done: set = set()
         self._lock = threading.RLock()
         self._warned: set = set()
@@ -263,13 +264,18 @@ class Recorder:
                 return
             device_cells = self.stats.device_gather()     # the one sync; formatting is left to the writer
         for folder, rows in pending.items():
+            self.writer.submit(lambda folder=folder, rows=rows: self._write_rows(folder, rows, device_cells))
+
+    def _statistic_csv(self, folder: str) -> StatisticCsv:
+        with self._csv_lock:
             csv = self._csv.get(folder)
-            if csv is None:
+            if csv is None:         # made in a writer thread: the folder and the header cost syscalls
                 csv = self._csv[folder] = StatisticCsv(
                     self.session.layout.place(folder, "statistic.csv"), self.config.statistic_category)
-            self.writer.submit(lambda csv=csv, rows=rows: self._write_rows(csv, rows, device_cells))
+            return csv
 
-    def _write_rows(self, csv: StatisticCsv, batch, device_cells) -> None:
+    def _write_rows(self, folder: str, batch, device_cells) -> None:
+        csv = self._statistic_csv(folder)
         rows = []
         cells = device_cells.cells()
         for (op_type, op_name, stream, ts, io, slot, nbytes, dtype, shape), h, fut in batch:
