@@ -148,22 +148,27 @@ class Bench:
         os.makedirs(d)
         return d
 
-    def schedule(self, step_s: float, writes: bool):
+    def schedule(self, step_s: float, writes: bool, tight: bool = False):
         """(rounds, steps per round): ≥ 7 timed steps per side (≥ 6 for tensor dumps), about 3 s a side.
 
         Modes that write files run 2 steps per block (so the writer's queue builds up as
         in a long run) and drain the writer after each block; the others alternate
-        step by step with their baseline.  ``--quick``: 2 timed steps.
+        step by step with their baseline.  ``tight``: a target within a few percent
+        (not-selected iterations, 3 %): about 8 s a side, at least 15 steps, so that
+        the neighbours' noise (±4 % on one 3 s run here) does not decide it.
+        ``--quick``: 2 timed steps.
         """
         if self.quick:
             return (1, 2) if writes else (2, 1)
         if writes:
             return H.rounds_for(step_s, 2, target_s=1.0, lo=3, hi=6), 2
+        if tight:
+            return H.rounds_for(step_s, 1, target_s=8.0, lo=15, hi=80), 1
         return H.rounds_for(step_s, 1, target_s=3.0, lo=7, hi=40), 1
 
-    def pair(self, base_step, mode: H.Side, step_s: float, writes: bool = False) -> H.Side:
+    def pair(self, base_step, mode: H.Side, step_s: float, writes: bool = False, tight: bool = False) -> H.Side:
         base = H.Side(base_step)
-        self.last_schedule = self.schedule(step_s, writes)
+        self.last_schedule = self.schedule(step_s, writes, tight)
         base.neighbours = H.interleave(base, mode, *self.last_schedule)
         return base
 
@@ -208,7 +213,7 @@ class Bench:
                 mode = H.Side(w.step, enter=enter, exit=toggle.exit if toggle else None,
                               drain=session.writer.flush,
                               after_block=lambda: H.prune_iterations(dump, keep_last=True))
-                base = self.pair(base_step, mode, step_s, writes)
+                base = self.pair(base_step, mode, step_s, writes, tight="iteration" in cfgkw)
                 n = len(mode.times)
                 sched = self.last_schedule
                 if toggle:

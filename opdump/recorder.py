@@ -270,6 +270,8 @@ class Recorder:
         with self._csv_lock:
             csv = self._csv.get(folder)
             if csv is None:         # made in a writer thread: the folder and the header cost syscalls
+                if len(self._csv) >= 256:   # older iterations' files: reopening one appends, no new header
+                    self._csv.pop(next(iter(self._csv)))
                 csv = self._csv[folder] = StatisticCsv(
                     self.session.layout.place(folder, "statistic.csv"), self.config.statistic_category)
             return csv

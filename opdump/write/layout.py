@@ -76,6 +76,8 @@ class Layout:
         if folder not in self._made:
             with self._lock:
                 os.makedirs(folder, exist_ok=True)
+                if len(self._made) > 4096:      # one per graph and iteration: keep it bounded
+                    self._made.clear()
                 self._made.add(folder)
 
     # -- file names over 255 bytes

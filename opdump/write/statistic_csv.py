@@ -25,24 +25,20 @@ import csv
 import io
 import os
 import threading
-from typing import Dict, Iterable, List, Sequence
+from typing import Iterable, List, Sequence
 
 from ..stats.categories import statistic_header
 from ..stats.formatting import format_shape
 
 __all__ = ["StatisticCsv", "format_shape", "encode_rows"]
 
-_locks: Dict[str, threading.Lock] = {}
-_locks_guard = threading.Lock()
+# Striped: a fixed set of locks, chosen by the file's real path, so that a run writing one
+# statistic.csv per graph and iteration for days does not grow a lock per file.
+_LOCKS = tuple(threading.Lock() for _ in range(64))
 
 
 def _lock_for(path: str) -> threading.Lock:
-    key = os.path.realpath(path)
-    with _locks_guard:
-        lock = _locks.get(key)
-        if lock is None:
-            lock = _locks[key] = threading.Lock()
-        return lock
+    return _LOCKS[hash(os.path.realpath(path)) % len(_LOCKS)]
 
 
 def encode_rows(rows: Iterable[Sequence]) -> bytes:
