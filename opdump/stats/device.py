@@ -18,16 +18,21 @@ transfer buffer), so element values and float32 results are exact.
 ``device_stat_precision_mode``:
 
 * ``"high"``: ``avg`` and ``l2norm`` accumulate in float32 on CUDA (float64 for
-  float64 tensors) and in float64 on CPU; integer and bool tensors in float64.
-  torch reads float16/bfloat16 and upcasts on the fly on CUDA (no copy); on CPU
-  a float64 temporary of the tensor is made.  Even in float32, a float32
-  tensor whose l2norm exceeds ~1.8e19 (sum of squares > float32 max) gives
-  ``inf``.
+  float64 tensors); on CPU, large float tensors in float32 rows combined in
+  float64 (see :func:`_blocks`), small ones in float64; integer tensors in
+  float64; bool tensors as an exact integer count.  torch reads float16/bfloat16
+  and upcasts on the fly on CUDA (no copy); on CPU they are upcast to float32
+  once.  Even in float32, a float32 tensor whose l2norm exceeds ~1.8e19 (sum of
+  squares > float32 max) gives ``inf``.
 * ``"low"``: ``avg`` and ``l2norm`` are computed in the tensor's own dtype (torch
   may still accumulate internally in float32, but the result is rounded to that
   dtype): less memory, but overflow: a float16 tensor whose l2norm (or avg)
   exceeds 65504 gives ``inf``, and bfloat16 results keep 8 bits of mantissa.
-  Integer and bool tensors use float32.
+  Integer tensors use float32.
+
+Every statistic is invariant under a reordering of the elements, so tensors are
+reduced in memory order (:func:`memory_order`), and a tensor reading exactly the
+memory of one already added to the batch reuses its values (:meth:`DeviceStatsBatch.add`).
 
 In both modes ``max``/``min`` and the counts are exact (computed in the
 tensor's dtype), NaN/Inf propagate as in host mode (see :mod:`opdump.stats.host`).
