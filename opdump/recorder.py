@@ -224,6 +224,15 @@ class Recorder:
             del buf
             copy.release()
 
+    def close(self) -> None:
+        """After the writer drained: free what the recorder keeps between flushes (the
+        recycled copy buffers, up to the writer's budget), since compiled graphs keep a
+        reference to their session after it closed."""
+        self.buffers.close()
+        self._seen.clear()
+        with self._csv_lock:
+            self._csv.clear()
+
     def _unsupported(self, tensor: torch.Tensor) -> bool:
         if type(tensor) is torch.Tensor and tensor.layout is torch.strided and not tensor.is_meta:
             return False                        # the common case, decided in three attribute reads

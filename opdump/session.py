@@ -126,6 +126,7 @@ class Session:
             hook()
         self._end_iteration(self.iteration)
         errors = self.writer.close()
+        self.recorder.close()
         if self._layout is not None:
             self._write_global_orders()
             self._write_manifest(complete=not errors)

@@ -59,3 +59,18 @@ def test_tiny_budget_large_tensors_exact(tmp_path):
     np.testing.assert_array_equal(relu, torch.relu(model[0](x)).detach().numpy())
     weight = [f for f in files if f.op_name == "0_weight"][0].load()
     np.testing.assert_array_equal(weight, model[0].weight.detach().numpy())
+    assert session.recorder.buffers.free_bytes == 0      # nothing kept once the session closed
+
+
+def test_closed_pool_keeps_nothing():
+    """A closed session's recorder must not hold recycled buffers (compiled graphs keep it alive)."""
+    pool = HostBuffers(1 << 30)
+    copies = [pool.copy_of(torch.ones(1 << 18)) for _ in range(3)]
+    for c in copies:
+        c.release()
+    assert pool.free_bytes == 3 << 20
+    pool.close()
+    assert pool.free_bytes == 0
+    c = pool.copy_of(torch.ones(1 << 18))
+    c.release()
+    assert pool.free_bytes == 0

@@ -118,6 +118,12 @@ class HostBuffers:
             self._free.move_to_end(nbytes)
             self._free_bytes += nbytes
 
+    def close(self) -> None:
+        """Give every free buffer back, and keep none from now on (the session is over)."""
+        with self._lock:
+            self._cap = lambda: 0
+            self._trim(0)
+
     @property
     def free_bytes(self) -> int:
         return self._free_bytes
