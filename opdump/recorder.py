@@ -9,6 +9,7 @@ is in :class:`~opdump.capture.op_info.OpInfo`.
 """
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -65,6 +66,11 @@ def _copy_out(t: torch.Tensor, trans_flag: bool, buffers: HostBuffers) -> Tuple[
         event = torch.cuda.Event()
         event.record(torch.cuda.current_stream(t.device))
     return HostCopy(buf, None, None), event, fmt
+
+
+@functools.lru_cache(maxsize=4096)
+def _shape_text(shape: torch.Size) -> str:
+    return format_shape(shape)
 
 
 def stream_id_of(t: torch.Tensor) -> int:
@@ -287,12 +293,19 @@ class Recorder:
 
     def _write_rows(self, folder: str, batch, device_cells) -> None:
         csv = self._statistic_csv(folder)
+        stats = self.stats
         rows = []
-        cells = device_cells.cells()
-        for (op_type, op_name, stream, ts, io, slot, nbytes, dtype, shape), h, fut in batch:
-            dev = None if h is None else cells[h]
-            host = fut.result() if fut is not None else None
-            prefix = [op_type, op_name, "0", str(stream), str(ts), io, str(slot),
-                      str(nbytes), dtype, format_shape(shape)]
-            rows.append(prefix + self.stats.row_cells(dev, host))
+        if stats.device_only:           # the common case: the cells are the device cells, in order
+            lists = device_cells.lists()
+            empty = [""] * len(stats.categories)
+            for (op_type, op_name, stream, ts, io, slot, nbytes, dtype, shape), h, _ in batch:
+                rows.append([op_type, op_name, "0", str(stream), str(ts), io, str(slot),
+                             str(nbytes), dtype, _shape_text(shape), *(empty if h is None else lists[h])])
+        else:
+            cells = device_cells.cells()
+            for (op_type, op_name, stream, ts, io, slot, nbytes, dtype, shape), h, fut in batch:
+                dev = None if h is None else cells[h]
+                host = fut.result() if fut is not None else None
+                rows.append([op_type, op_name, "0", str(stream), str(ts), io, str(slot),
+                             str(nbytes), dtype, _shape_text(shape), *stats.row_cells(dev, host)])
         csv.append_rows(rows)

@@ -120,6 +120,11 @@ class StatsEngine:
         return {c.name: format_cell(c.kind, v, cpu_tensor.dtype) for c, v in zip(self._host_cats, values)}
 
     # ------------------------------------------------------------------ rows
+    @property
+    def device_only(self) -> bool:
+        """Every category is computed on the device (a row's cells are its device cells, in order)."""
+        return self.device_categories == self.categories
+
     def row_cells(self, device_cells: Optional[Dict[str, str]],
                   host_cells: Optional[Dict[str, str]]) -> List[str]:
         """The statistic cells of one row, in config order (missing: empty cell)."""
@@ -139,18 +144,25 @@ class DeviceCells:
 
     def __init__(self, gathered, categories: Sequence[str]):
         self._gathered = gathered
+        self.categories = tuple(categories)
         self._cats = [lookup(c) for c in categories]
-        self._cells: Optional[List[Dict[str, str]]] = None
+        self._lists: Optional[List[List[str]]] = None
         self._lock = threading.Lock()
 
-    def cells(self) -> List[Dict[str, str]]:
+    def lists(self) -> List[List[str]]:
+        """Per handle, its cells in :attr:`categories` order."""
         with self._lock:
-            if self._cells is None:
+            if self._lists is None:
                 g = self._gathered
                 if g is None:
-                    self._cells = []
+                    self._lists = []
                 else:
-                    self._cells = [{c.name: format_cell(c.kind, v, dt) for c, v in zip(self._cats, vals)}
+                    cats = [(c.kind, c.name) for c in self._cats]
+                    self._lists = [[format_cell(kind, v, dt) for (kind, _), v in zip(cats, vals)]
                                    for vals, dt in zip(g.values(), g.dtypes)]
                     self._gathered = None
-            return self._cells
+            return self._lists
+
+    def cells(self) -> List[Dict[str, str]]:
+        """Per handle, ``{category: cell}``."""
+        return [dict(zip(self.categories, row)) for row in self.lists()]
