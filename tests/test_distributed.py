@@ -15,8 +15,11 @@ def _worker(rank, world, store_file, cfg):
     import opdump
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    # Same seed, same initial parameters on both ranks; gradients are averaged by hand
+    # below.  (No DistributedDataParallel wrapper: it was unused, and tearing the process
+    # group down under a live DDP reducer sometimes aborted a rank at exit, SIGABRT
+    # "terminate called without an active exception", about 1 run in 10.)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with opdump.Session(cfg) as session:
         compiled = torch.compile(model, backend=session.backend("eager"))
         for step in range(2):
@@ -27,6 +30,7 @@ def _worker(rank, world, store_file, cfg):
                 p.grad /= world
             opt.step()
             opt.zero_grad()
+    dist.barrier()            # both ranks done before either tears the group down
     dist.destroy_process_group()
 
 
