@@ -324,43 +324,38 @@ class Bench:
         return res
 
     # ======================================================================= scaling
+    def _scale_point(self, what: str, tag: str, row: Dict[str, Any], build: Callable[[], M.Workload],
+                     cfgkw: Dict, with_eager: bool) -> Dict[str, Any]:
+        """One size of a scaling series: graph (and optionally eager) statistic dump vs plain eager."""
+        log(f"[scaling] {what}")
+        torch._dynamo.reset()
+        base = build()
+        H.warm(base.step, self.warmup)
+        est = self.estimate(base.step)
+        try:
+            row["graph"] = self.dump_mode(f"scale-graph-{tag}", build, cfgkw, base.step, graph=True, step_s=est)
+            if with_eager:
+                row["eager"] = self.dump_mode(f"scale-eager-{tag}", build, cfgkw, base.step, graph=False,
+                                              step_s=est)
+        except Exception as exc:  # noqa: BLE001 - one failing size does not lose the report
+            traceback.print_exc()
+            row["error"] = f"{type(exc).__name__}: {exc}"
+        return row
+
     def scaling(self) -> Dict[str, Any]:
         out: Dict[str, Any] = {"layers": [], "width": []}
         layers = (1, 2) if self.quick else (2, 4, 8)
         widths = () if self.quick else (1024, 2048, 4096)
         cfgkw = dict(saved_data="statistic", stat_calc_mode="device")
         for nl in layers:
-            log(f"[scaling] transformer {nl} layers")
-            torch._dynamo.reset()
-            build = lambda nl=nl: M.transformer(self.quick, layers=nl)  # noqa: E731
-            base = build()
-            H.warm(base.step, self.warmup)
-            est = self.estimate(base.step)
-            row = {"layers": nl}
-            try:
-                row["graph"] = self.dump_mode(f"scale-graph-{nl}L", build, cfgkw, base.step, graph=True, step_s=est)
-                if self.eager_cls is not None and not self.quick:
-                    row["eager"] = self.dump_mode(f"scale-eager-{nl}L", build, cfgkw, base.step, graph=False,
-                                                  step_s=est)
-            except Exception as exc:  # noqa: BLE001
-                traceback.print_exc()
-                row["error"] = f"{type(exc).__name__}: {exc}"
-            out["layers"].append(row)
+            out["layers"].append(self._scale_point(
+                f"transformer {nl} layers", f"{nl}L", {"layers": nl},
+                lambda nl=nl: M.transformer(self.quick, layers=nl), cfgkw,
+                with_eager=self.eager_cls is not None and not self.quick))
         for width in widths:
-            log(f"[scaling] mlp width {width}")
-            torch._dynamo.reset()
-            build = lambda width=width: M.mlp(self.quick, width=width)  # noqa: E731
-            base = build()
-            H.warm(base.step, self.warmup)
-            est = self.estimate(base.step)
-            row = {"width": width}
-            try:
-                row["graph"] = self.dump_mode(f"scale-graph-w{width}", build, cfgkw, base.step, graph=True,
-                                              step_s=est)
-            except Exception as exc:  # noqa: BLE001
-                traceback.print_exc()
-                row["error"] = f"{type(exc).__name__}: {exc}"
-            out["width"].append(row)
+            out["width"].append(self._scale_point(
+                f"mlp width {width}", f"w{width}", {"width": width},
+                lambda width=width: M.mlp(self.quick, width=width), cfgkw, with_eager=False))
         torch._dynamo.reset()
         return out
 

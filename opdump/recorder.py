@@ -73,6 +73,11 @@ def _shape_text(shape: torch.Size) -> str:
     return format_shape(shape)
 
 
+def _row_prefix(op_type, op_name, stream, ts, io, slot, nbytes, dtype, shape) -> List[str]:
+    """The cells of a statistic.csv row before the statistics (from what _record kept)."""
+    return [op_type, op_name, "0", str(stream), str(ts), io, str(slot), str(nbytes), dtype, _shape_text(shape)]
+
+
 def stream_id_of(t: torch.Tensor) -> int:
     if t.is_cuda:
         return int(torch.cuda.current_stream(t.device).stream_id)
@@ -298,14 +303,12 @@ class Recorder:
         if stats.device_only:           # the common case: the cells are the device cells, in order
             lists = device_cells.lists()
             empty = [""] * len(stats.categories)
-            for (op_type, op_name, stream, ts, io, slot, nbytes, dtype, shape), h, _ in batch:
-                rows.append([op_type, op_name, "0", str(stream), str(ts), io, str(slot),
-                             str(nbytes), dtype, _shape_text(shape), *(empty if h is None else lists[h])])
+            for meta, h, _ in batch:
+                rows.append(_row_prefix(*meta) + (empty if h is None else lists[h]))
         else:
             cells = device_cells.cells()
-            for (op_type, op_name, stream, ts, io, slot, nbytes, dtype, shape), h, fut in batch:
+            for meta, h, fut in batch:
                 dev = None if h is None else cells[h]
                 host = fut.result() if fut is not None else None
-                rows.append([op_type, op_name, "0", str(stream), str(ts), io, str(slot),
-                             str(nbytes), dtype, _shape_text(shape), *stats.row_cells(dev, host)])
+                rows.append(_row_prefix(*meta) + stats.row_cells(dev, host))
         csv.append_rows(rows)

@@ -288,10 +288,6 @@ class DeviceStatsBatch:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def dtype(self, index: int) -> torch.dtype:
-        """The dtype of the tensor added as ``index`` (for formatting)."""
-        return self._entries[index].dtype
-
     def add(self, tensor: torch.Tensor) -> int:
         """Launch the statistics of ``tensor`` (no sync); returns its index for :meth:`collect`.
 
