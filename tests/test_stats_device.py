@@ -61,9 +61,10 @@ def agree(name, dev_value, host_value, rel):
         assert d == h, (name, d, h)         # elements and counts: exact
 
 
+@pytest.mark.parametrize("kernel", [True, False], ids=["cpu-kernel", "torch"])
 @pytest.mark.parametrize("device", DEVICES)
-def test_every_tensor_agrees_with_host(device):
-    batch = DeviceStatsBatch(DEVICE_CATS, "high")
+def test_every_tensor_agrees_with_host(device, kernel):
+    batch = DeviceStatsBatch(DEVICE_CATS, "high", cpu_kernel=kernel)
     names = sorted(TENSORS)
     handles = {n: batch.add(TENSORS[n].to(device)) for n in names}
     values = batch.collect()
@@ -132,18 +133,53 @@ def test_no_host_transfer_per_tensor(monkeypatch):
     assert len(values) == len(TENSORS)
 
 
-def test_few_kernels_per_tensor():
-    """Default categories: aminmax + vector_norm only (the stacking happens once in collect)."""
+def _aten_ops_of_add(batch, t):
     from torch.profiler import ProfilerActivity, profile
-    t = torch.randn(1000)
-    batch = DeviceStatsBatch(["max", "min", "l2norm"], "high")
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         batch.add(t)
-    ops = [e.name for e in prof.events() if e.name.startswith("aten::")]
+    return [e.name for e in prof.events() if e.name.startswith("aten::")]
+
+
+def test_few_kernels_per_tensor():
+    """Default categories with torch reductions: aminmax + vector_norm only (the stacking
+    happens once in collect)."""
+    ops = _aten_ops_of_add(DeviceStatsBatch(["max", "min", "l2norm"], "high", cpu_kernel=False),
+                           torch.randn(1000))
     top = {"aten::aminmax", "aten::linalg_vector_norm"}
     assert top <= set(ops)
     assert ops.count("aten::aminmax") == 1 and ops.count("aten::linalg_vector_norm") == 1
     assert "aten::stack" not in ops and "aten::_local_scalar_dense" not in ops
+
+
+@pytest.mark.parametrize("make", [lambda: torch.randn(1000), lambda: torch.randn(300, 700).t(),
+                                  lambda: torch.randn(2, 3, 40, 40).to(memory_format=torch.channels_last),
+                                  lambda: torch.randn(5000).bfloat16()],
+                         ids=["contiguous", "transposed", "channels_last", "bf16"])
+def test_cpu_kernel_reads_dense_tensors_in_one_call(make):
+    """The default categories of a dense CPU float tensor: no torch reduction, copy or upcast
+    (only the views that find its memory block), values known at once."""
+    t = make()
+    batch = DeviceStatsBatch(["max", "min", "avg", "l2norm", "count"], "high")
+    assert set(_aten_ops_of_add(batch, t)) <= {"aten::permute", "aten::as_strided"}
+    [row] = batch.collect()
+    x = t.double()
+    assert row[:2] == [float(x.max()), float(x.min())]
+    # float32 blocks above 16384 elements: the sum's error is relative to the sum of |x|
+    assert row[2] == pytest.approx(float(x.mean()), rel=0, abs=1e-6 * float(x.abs().mean()))
+    assert row[3] == pytest.approx(float(torch.linalg.vector_norm(x)), rel=1e-7)
+    assert row[4] == t.numel()
+
+
+@pytest.mark.parametrize("make", [lambda: torch.randn(64, 64)[:, :10], lambda: torch.randn(8, 1).expand(8, 9),
+                                  lambda: torch.randn(100, dtype=torch.float64), lambda: torch.randn(10)._neg_view()])
+def test_cpu_kernel_leaves_other_tensors_to_torch(make):
+    """Slices, expands, other dtypes and negative-bit views are reduced by torch, with the same values."""
+    t = make()
+    a = DeviceStatsBatch(["max", "min", "l2norm"], "high")
+    b = DeviceStatsBatch(["max", "min", "l2norm"], "high", cpu_kernel=False)
+    a.add(t)
+    b.add(t)
+    assert a.collect() == b.collect()
 
 
 def test_clear_and_reuse():
@@ -181,16 +217,16 @@ def test_rejects_host_only_category_and_bad_precision():
         DeviceStatsBatch(["max"], "medium")
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(hnp.arrays(dtype=st.sampled_from([np.float32, np.float16]),
-                  shape=hnp.array_shapes(min_dims=0, max_dims=2, min_side=0, max_side=8),
+                  shape=hnp.array_shapes(min_dims=0, max_dims=2, min_side=0, max_side=40),
                   elements=st.floats(allow_nan=True, allow_infinity=True, width=16)),
-       st.booleans())
-def test_random_device_matches_host(arr, bf16):
+       st.booleans(), st.booleans())
+def test_random_device_matches_host(arr, bf16, kernel):
     t = torch.from_numpy(arr.copy())
     if bf16:
         t = t.to(torch.bfloat16)
-    batch = DeviceStatsBatch(DEVICE_CATS, "high")
+    batch = DeviceStatsBatch(DEVICE_CATS, "high", cpu_kernel=kernel)
     batch.add(t)
     [row] = batch.collect()
     for cat, d, h in zip(DEVICE_CATS, row, host_values(t)):

@@ -30,6 +30,14 @@ transfer buffer), so element values and float32 results are exact.
   exceeds 65504 gives ``inf``, and bfloat16 results keep 8 bits of mantissa.
   Integer tensors use float32.
 
+On CPU, ``"high"`` precision, float32/bfloat16/float16 tensors whose elements
+fill one block of memory (contiguous, transposed, permuted, channels-last) get
+``max``, ``min``, ``avg``, ``l2norm`` and ``count`` from one read by a C++ loop
+(:mod:`.cpu_kernel`; same accumulation rules as above: float64 below 16384
+elements, float32 blocks combined in float64 above); their values are known at
+once, with nothing to gather.  Other categories, dtypes, layouts and devices use
+the torch reductions below.
+
 Every statistic is invariant under a reordering of the elements, so tensors are
 reduced in memory order (:func:`memory_order`), and a tensor reading exactly the
 memory of one already added to the batch reuses its values (:meth:`DeviceStatsBatch.add`).
@@ -47,12 +55,14 @@ well-conditioned data in high mode).
 """
 from __future__ import annotations
 
+import math
 import weakref
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
 
+from . import cpu_kernel as _cpu_kernel
 from .host import _FLOAT8, supported_dtype
 
 PRECISIONS = ("high", "low")
@@ -248,6 +258,17 @@ d_neg_inf_count = _d_count_where(torch.eq, float("-inf"), floats_only=True)
 d_pos_inf_count = _d_count_where(torch.eq, float("inf"), floats_only=True)
 
 
+# What the one-pass CPU kernel (:mod:`.cpu_kernel`) gives, from its (max, min, sum, sum of squares).
+_FUSED = {
+    "max": lambda f, n: f[0],
+    "min": lambda f, n: f[1],
+    "avg": lambda f, n: f[2] / n,
+    "l2norm": lambda f, n: math.sqrt(f[3]),
+    "count": lambda f, n: n,
+}
+_FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
 class _Entry:
     __slots__ = ("device", "plan", "nfloat", "nint", "dtype", "stream")
 
@@ -264,10 +285,12 @@ class DeviceStatsBatch:
     """Statistics launched on the tensors' devices, gathered with one copy per device.
 
     ``categories``: the device-capable categories to compute, in the order
-    :meth:`collect` returns them.
+    :meth:`collect` returns them.  ``cpu_kernel``: let the one-pass CPU kernel
+    (:mod:`.cpu_kernel`) give max/min/avg/l2norm/count of CPU float tensors
+    (False: torch reductions only, as on other devices).
     """
 
-    def __init__(self, categories: Sequence[str], precision: str = "high"):
+    def __init__(self, categories: Sequence[str], precision: str = "high", *, cpu_kernel: bool = True):
         from .categories import lookup        # categories imports this module
 
         if precision not in PRECISIONS:
@@ -284,6 +307,9 @@ class DeviceStatsBatch:
         self._ints: Dict[torch.device, List[torch.Tensor]] = {}
         # memory block -> (weakref to the tensor added, its version, its index)
         self._by_memory: Dict[tuple, tuple] = {}
+        # categories the one-pass CPU kernel gives (high precision only: "low" promises the dtype's own)
+        use_kernel = cpu_kernel and precision == "high"
+        self._fused_cats = sum(c.name in _FUSED for c in cats) if use_kernel else 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -298,18 +324,19 @@ class DeviceStatsBatch:
         and the shared version counter unchanged (no in-place write since).
         """
         index = len(self._entries)
-        t = tensor.detach() if tensor.requires_grad else tensor     # detach costs ~5 us; needed only then
+        t = tensor
         if not supported_dtype(t.dtype) or not self._cats:
             self._entries.append(_Entry(None, [("v", None)] * len(self._cats), 0, 0, t.dtype, None))
             return index
-        if t.numel() == 0:
+        n = t.numel()
+        if n == 0:
             plan = [("v", 0 if c.kind == "count" else None) for c in self._cats]
             self._entries.append(_Entry(None, plan, 0, 0, t.dtype, None))
             return index
         ordered = memory_order(t)
         key = None
         if ordered.is_contiguous() and ordered.data_ptr() == t.data_ptr():
-            key = (t.device, t.data_ptr(), t.numel(), t.dtype, t.is_neg())
+            key = (t.device, t.data_ptr(), n, t.dtype, t.is_neg())
             earlier = self._by_memory.get(key)
             version = tensor_version(tensor)
             if earlier is not None:
@@ -318,13 +345,23 @@ class DeviceStatsBatch:
                     return i
             self._by_memory[key] = (weakref.ref(tensor), version, index)
         dev = t.device
+        fused = None
+        if self._fused_cats and dev.type == "cpu" and t.dtype in _FUSED_DTYPES:
+            kernel = _cpu_kernel.load()
+            fused = kernel(t) if kernel is not None else None
+            if fused is not None and self._fused_cats == len(self._cats):
+                plan = [("v", _FUSED[c.name](fused, n)) for c in self._cats]
+                self._entries.append(_Entry(None, plan, 0, 0, t.dtype, None))
+                return index
+        if t.requires_grad:
+            t, ordered = t.detach(), ordered.detach()       # detach costs ~5 us; needed only then
         floats = self._floats.setdefault(dev, [])
         ints = self._ints.setdefault(dev, [])
         f0, i0 = len(floats), len(ints)
         plan = []
         ctx = _Ctx(ordered, self.precision)     # detached: no autograd graph is recorded
         for c in self._cats:
-            r = c.device(ctx)
+            r = _FUSED[c.name](fused, n) if fused is not None and c.name in _FUSED else c.device(ctx)
             if not isinstance(r, torch.Tensor):
                 plan.append(("v", r))
             elif r.dtype.is_floating_point:

@@ -18,7 +18,12 @@ Numbers
       - notation follows Python: positional for 1e-4 <= |x| < 1e16, otherwise
         scientific (``1e+20``, ``1.5e-07``); a float always shows a ``.`` or an
         exponent (``3.0``), which tells it apart from an integer;
-      - NaN is written ``nan``, infinities ``inf`` and ``-inf``, negative zero ``-0.0``;
+      - NaN is written ``nan``, infinities ``inf`` and ``-inf``, a computed negative
+        zero ``-0.0``; an element that is zero (a max or min of 0) is written ``0.0``
+        whatever its sign: when a tensor holds both ``0.0`` and ``-0.0``, which of
+        the two a max/min reduction returns depends on its reading order (numpy,
+        torch, MindSpore and opdump's CPU kernel differ), so the sign would not be
+        reproducible;
     * a statistic that does not exist (max of an empty tensor, anything of a
       complex tensor, ``finite max`` of a tensor without finite element) is an
       empty cell.
@@ -79,6 +84,8 @@ def format_element(value, dtype: torch.dtype) -> str:
     np_type = element_format_dtype(dtype)
     if np_type is None:
         return format_int(value)
+    if value == 0:
+        value = 0.0                 # the sign of a zero extreme is order-dependent (module docstring)
     return format_float(value, np_type)
 
 
