@@ -24,7 +24,7 @@ from .write.buffers import HostBuffers, HostCopy
 from .write.atomic import atomic_save_npy, atomic_write_bytes
 from .write.dtypes import dtype_name, to_numpy
 from .write.names import parameter_file_name, tensor_file_name
-from .write.statistic_csv import StatisticCsv
+from .write.statistic_csv import StatisticCsv, encode_fields
 from .stats import StatsEngine, format_shape
 from .stats.device import tensor_version
 
@@ -76,6 +76,18 @@ def _shape_text(shape: torch.Size) -> str:
 def _row_prefix(op_type, op_name, stream, ts, io, slot, nbytes, dtype, shape) -> List[str]:
     """The cells of a statistic.csv row before the statistics (from what _record kept)."""
     return [op_type, op_name, "0", str(stream), str(ts), io, str(slot), str(nbytes), dtype, _shape_text(shape)]
+
+
+# The text of a row around its timestamp, encoded once per operator / tensor kind: a
+# device-only row is then head + timestamp + middle + its cells, with no CSV work per row.
+@functools.lru_cache(maxsize=65536)
+def _row_head(op_type: str, op_name: str, stream: int) -> str:
+    return encode_fields((op_type, op_name, "0", str(stream))) + ","
+
+
+@functools.lru_cache(maxsize=65536)
+def _row_middle(io: str, slot: int, nbytes: int, dtype: str, shape: torch.Size) -> str:
+    return "," + encode_fields((io, str(slot), str(nbytes), dtype, _shape_text(shape))) + ","
 
 
 def stream_id_of(t: torch.Tensor) -> int:
@@ -135,13 +147,14 @@ class Recorder:
         cfg = self.config
         self.tensors_recorded += 1
         ts = self.clock()
-        stream = stream_id_of(tensor)
+        stream = stream_id_of(tensor) if tensor.is_cuda else 0
         dtype = dtype_name(tensor.dtype)
         nbytes = tensor.numel() * tensor.element_size()
         want_file = cfg.dump_tensors
         stats = self.stats
         need_copy = want_file or (stats is not None and stats.needs_host_copy)
-        seen = self._seen_entry(tensor)
+        # statistics alone: the device batch itself recognises a tensor it has seen
+        seen = self._seen_entry(tensor) if need_copy else None
         host_future = None
         if need_copy:
             copy = seen.copy() if seen is not None and seen.copy is not None else None
@@ -182,7 +195,7 @@ class Recorder:
                     device_handle = seen.device_handle
                 else:
                     device_handle = stats.device_launch(tensor)
-                    if device_handle is not None:
+                    if device_handle is not None and need_copy:
                         if seen is None:
                             seen = self._remember(tensor)
                         seen.device_handle = device_handle
@@ -299,16 +312,19 @@ class Recorder:
     def _write_rows(self, folder: str, batch, device_cells) -> None:
         csv = self._statistic_csv(folder)
         stats = self.stats
-        rows = []
         if stats.device_only:           # the common case: the cells are the device cells, in order
-            lists = device_cells.lists()
-            empty = [""] * len(stats.categories)
-            for meta, h, _ in batch:
-                rows.append(_row_prefix(*meta) + (empty if h is None else lists[h]))
-        else:
-            cells = device_cells.cells()
-            for meta, h, fut in batch:
-                dev = None if h is None else cells[h]
-                host = fut.result() if fut is not None else None
-                rows.append(_row_prefix(*meta) + stats.row_cells(dev, host))
+            texts = [",".join(cells) for cells in device_cells.lists()]     # numbers: never quoted
+            empty = "," * (len(stats.categories) - 1)
+            lines = [_row_head(op_type, op_name, stream) + str(ts) + _row_middle(io, slot, nbytes, dtype, shape)
+                     + (empty if h is None else texts[h])
+                     for (op_type, op_name, stream, ts, io, slot, nbytes, dtype, shape), h, _ in batch]
+            lines.append("")
+            csv.append_encoded("\n".join(lines).encode("utf-8"))
+            return
+        cells = device_cells.cells()
+        rows = []
+        for meta, h, fut in batch:
+            dev = None if h is None else cells[h]
+            host = fut.result() if fut is not None else None
+            rows.append(_row_prefix(*meta) + stats.row_cells(dev, host))
         csv.append_rows(rows)

@@ -282,6 +282,31 @@ def test_views_of_one_memory_block_share_statistics():
     assert values[k][2] == pytest.approx(2 * values[i][2])
 
 
+def test_tensors_with_gaps_share_statistics_only_through_identical_strides():
+    x = torch.randn(60, 40)
+    batch = DeviceStatsBatch(["max", "min", "l2norm"], "high")
+    cols = x[:, ::2]                              # gaps: no memory block of its own
+    i = batch.add(cols)
+    assert batch.add(x[:, ::2]) == i              # the same elements through the same strides
+    j = batch.add(x[:, 1::2])                     # the other half: other pointer
+    k = batch.add(x[:, :20])                      # same pointer and shape, other strides
+    l = batch.add(x[::2])                         # same pointer, other shape
+    assert len({i, j, k, l}) == 4
+    expected = {idx: [float(t.max()), float(t.min()), pytest.approx(float(t.double().norm()))]
+                for idx, t in ((i, x[:, ::2]), (j, x[:, 1::2]), (k, x[:, :20]), (l, x[::2]))}
+    cols.mul_(-1)                                 # written through another view: version moved
+    m = batch.add(x[:, ::2])
+    assert m != i
+    values = batch.collect()
+    for idx, want in expected.items():
+        assert values[idx] == want
+    assert values[m][0] == -values[i][1]
+    slab = x[:, ::2]
+    n_ = batch.add(slab)
+    batch.forget(slab)                            # the eager front-end: "written in place"
+    assert batch.add(slab) != n_
+
+
 def test_reuse_needs_the_first_tensor_alive_and_not_forgotten():
     x = torch.randn(50, 40)
     batch = DeviceStatsBatch(["max"], "high")

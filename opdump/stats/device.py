@@ -97,7 +97,10 @@ def memory_order(t: torch.Tensor) -> torch.Tensor:
 def tensor_version(tensor: torch.Tensor) -> int:
     """The tensor's version counter (shared by all views of one base); -1 for inference
     tensors, which have none (so an in-place update of them could not be detected)."""
-    return -1 if tensor.is_inference() else tensor._version
+    try:
+        return tensor._version
+    except RuntimeError:            # "Inference tensors do not track version counter"
+        return -1
 
 
 class _Ctx:
@@ -270,11 +273,12 @@ _FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 class _Entry:
-    __slots__ = ("device", "plan", "nfloat", "nint", "dtype", "stream")
+    __slots__ = ("device", "plan", "nfloat", "nint", "dtype", "stream", "values")
 
     def __init__(self, device, plan, nfloat, nint, dtype, stream):
         self.device = device        # None: nothing launched
         self.plan = plan            # per category: ("f", i) | ("i", i) | ("v", value)
+        self.values = None          # all values known at once (the CPU kernel): no plan
         self.nfloat = nfloat
         self.nint = nint
         self.dtype = dtype
@@ -310,6 +314,7 @@ class DeviceStatsBatch:
         # categories the one-pass CPU kernel gives (high precision only: "low" promises the dtype's own)
         use_kernel = cpu_kernel and precision == "high"
         self._fused_cats = sum(c.name in _FUSED for c in cats) if use_kernel else 0
+        self._fused_getters = [_FUSED.get(c.name) for c in cats]
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -334,24 +339,27 @@ class DeviceStatsBatch:
             self._entries.append(_Entry(None, plan, 0, 0, t.dtype, None))
             return index
         ordered = memory_order(t)
-        key = None
-        if ordered.is_contiguous() and ordered.data_ptr() == t.data_ptr():
-            key = (t.device, t.data_ptr(), n, t.dtype, t.is_neg())
-            earlier = self._by_memory.get(key)
-            version = tensor_version(tensor)
-            if earlier is not None:
-                ref, v, i = earlier
-                if v == version >= 0 and ref() is not None:
-                    return i
-            self._by_memory[key] = (weakref.ref(tensor), version, index)
         dev = t.device
+        ptr = t.data_ptr()
+        if ordered.is_contiguous() and (ordered is t or ordered.data_ptr() == ptr):
+            key = (dev, ptr, n, t.dtype, t.is_neg())
+        else:       # gaps or overlaps: the same elements only through the very same strides
+            key = (dev, ptr, t.dtype, t.is_neg(), t.shape, t.stride())
+        earlier = self._by_memory.get(key)
+        version = tensor_version(tensor)
+        if earlier is not None:
+            ref, v, i = earlier
+            if v == version >= 0 and ref() is not None:
+                return i
+        self._by_memory[key] = (weakref.ref(tensor), version, index)
         fused = None
         if self._fused_cats and dev.type == "cpu" and t.dtype in _FUSED_DTYPES:
             kernel = _cpu_kernel.load()
             fused = kernel(t) if kernel is not None else None
             if fused is not None and self._fused_cats == len(self._cats):
-                plan = [("v", _FUSED[c.name](fused, n)) for c in self._cats]
-                self._entries.append(_Entry(None, plan, 0, 0, t.dtype, None))
+                entry = _Entry(None, None, 0, 0, t.dtype, None)
+                entry.values = [get(fused, n) for get in self._fused_getters]
+                self._entries.append(entry)
                 return index
         if t.requires_grad:
             t, ordered = t.detach(), ordered.detach()       # detach costs ~5 us; needed only then
@@ -408,11 +416,13 @@ class DeviceStatsBatch:
         return Gathered(host, list(self._entries), self._cats)
 
     def forget(self, tensor: torch.Tensor) -> None:
-        """``tensor`` is being written in place (its version counter may not show it yet):
-        no later tensor reuses statistics computed from its memory."""
+        """``tensor`` is being written in place (inside the operator's dispatch its version
+        counter does not show it yet): no later tensor reuses what was computed from it.
+        (Once the operator returned, the version counter guards every view of it.)"""
         if tensor.numel():
-            self._by_memory.pop((tensor.device, tensor.data_ptr(), tensor.numel(), tensor.dtype,
-                                 tensor.is_neg()), None)
+            dev, ptr, dtype, neg = tensor.device, tensor.data_ptr(), tensor.dtype, tensor.is_neg()
+            self._by_memory.pop((dev, ptr, tensor.numel(), dtype, neg), None)
+            self._by_memory.pop((dev, ptr, dtype, neg, tensor.shape, tensor.stride()), None)
 
     def clear(self) -> None:
         self._by_memory.clear()
@@ -436,7 +446,7 @@ class Gathered:
         offsets = {dev: [0, 0] for dev in host}
         for e in self._entries:
             if e.device is None:
-                out.append([v for _, v in e.plan])
+                out.append(e.values if e.values is not None else [v for _, v in e.plan])
                 continue
             fvals, ivals = host[e.device]
             off = offsets[e.device]

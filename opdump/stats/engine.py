@@ -27,7 +27,7 @@ import torch
 
 from .categories import lookup, statistic_header
 from .device import PRECISIONS, DeviceStatsBatch
-from .formatting import format_cell
+from .formatting import cell_formatter, format_cell
 from .host import reduce_tensor
 
 MODES = ("host", "device")
@@ -157,9 +157,15 @@ class DeviceCells:
                 if g is None:
                     self._lists = []
                 else:
-                    cats = [(c.kind, c.name) for c in self._cats]
-                    self._lists = [[format_cell(kind, v, dt) for (kind, _), v in zip(cats, vals)]
-                                   for vals, dt in zip(g.values(), g.dtypes)]
+                    kinds = [c.kind for c in self._cats]
+                    formatters: Dict[torch.dtype, list] = {}
+                    lists = []
+                    for vals, dt in zip(g.values(), g.dtypes):
+                        fmt = formatters.get(dt)
+                        if fmt is None:
+                            fmt = formatters[dt] = [cell_formatter(k, dt) for k in kinds]
+                        lists.append([f(v) for f, v in zip(fmt, vals)])
+                    self._lists = lists
                     self._gathered = None
             return self._lists
 

@@ -37,8 +37,9 @@ Shapes
 """
 from __future__ import annotations
 
+import functools
 import math
-from typing import Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import numpy as np
 import torch
@@ -109,12 +110,38 @@ def format_shape(shape: Iterable[int]) -> str:
 
 def format_cell(kind: str, value, dtype: Optional[torch.dtype]) -> str:
     """Format one statistic by its category kind (see :mod:`opdump.stats.categories`)."""
-    if value is None:
-        return ""
+    return cell_formatter(kind, dtype)(value)
+
+
+def _text(value) -> str:
+    return "" if value is None else str(value)
+
+
+@functools.lru_cache(maxsize=None)
+def cell_formatter(kind: str, dtype: Optional[torch.dtype]) -> Callable[[Any], str]:
+    """``value -> cell`` for one category kind and tensor dtype: :func:`format_cell` with the
+    dispatch done once (the writer formats thousands of cells per step)."""
     if kind == "element":
-        return format_element(value, dtype)
+        np_type = element_format_dtype(dtype) if dtype is not None else None
+        if np_type is None:
+            return format_count
+        if np_type is np.float64:
+            def element64(value) -> str:
+                if value is None:
+                    return ""
+                value = float(value)
+                return "0.0" if value == 0 else repr(value)      # repr: nan, inf, -inf too
+            return element64
+
+        def element(value) -> str:
+            if value is None:
+                return ""
+            # numpy's str of a float16/float32 scalar: shortest round-trip repr, and
+            # "nan"/"inf"/"-inf" like format_float; a zero extreme is unsigned
+            return "0.0" if value == 0 else str(np_type(value))
+        return element
     if kind == "computed":
-        return format_computed(value)
+        return format_computed
     if kind == "count":
-        return format_count(value)
-    return str(value)               # "text" (md5 hex digest)
+        return format_count
+    return _text                    # "text" (md5 hex digest)

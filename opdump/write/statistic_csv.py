@@ -30,7 +30,7 @@ from typing import Iterable, List, Sequence
 from ..stats.categories import statistic_header
 from ..stats.formatting import format_shape
 
-__all__ = ["StatisticCsv", "format_shape", "encode_rows"]
+__all__ = ["StatisticCsv", "format_shape", "encode_rows", "encode_fields"]
 
 # Striped: a fixed set of locks, chosen by the file's real path, so that a run writing one
 # statistic.csv per graph and iteration for days does not grow a lock per file.
@@ -48,6 +48,12 @@ def encode_rows(rows: Iterable[Sequence]) -> bytes:
     for row in rows:
         w.writerow(["" if c is None else c for c in row])
     return buf.getvalue().encode("utf-8")
+
+
+def encode_fields(cells: Sequence[str]) -> str:
+    """The CSV text of some consecutive cells of a row, without a line end: rows can be
+    assembled from such pieces joined by ``,`` (each piece quoted as :func:`encode_rows` does)."""
+    return encode_rows([cells]).decode("utf-8")[:-1]
 
 
 class StatisticCsv:
@@ -69,7 +75,13 @@ class StatisticCsv:
                 raise ValueError(f"statistic.csv row has {len(row)} cells, the header {width}: {list(row)!r}")
         if not rows:
             return
-        body = encode_rows(rows)
+        self.append_encoded(encode_rows(rows))
+
+    def append_encoded(self, body: bytes) -> None:
+        """Append rows already encoded as CSV lines (each complete and ``\\n``-terminated:
+        the caller guarantees the width, see :func:`encode_fields`) in one write."""
+        if not body:
+            return
         with self._lock:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
             try:
