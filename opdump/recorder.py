@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import threading
 import time
 import warnings
@@ -73,9 +74,14 @@ def _shape_text(shape: torch.Size) -> str:
     return format_shape(shape)
 
 
-def _row_prefix(op_type, op_name, stream, ts, io, slot, nbytes, dtype, shape) -> List[str]:
-    """The cells of a statistic.csv row before the statistics (from what _record kept)."""
-    return [op_type, op_name, "0", str(stream), str(ts), io, str(slot), str(nbytes), dtype, _shape_text(shape)]
+def _row_prefix(op_type, op_name, stream, ts, io, slot, dtype, shape) -> List[str]:
+    """The cells of a statistic.csv row before the statistics (from what _queue_row kept)."""
+    return [op_type, op_name, "0", str(stream), str(ts), io, str(slot), str(_nbytes(dtype, shape)),
+            dtype_name(dtype), _shape_text(shape)]
+
+
+def _nbytes(dtype: torch.dtype, shape: torch.Size) -> int:
+    return math.prod(shape) * dtype.itemsize
 
 
 # The text of a row around its timestamp, encoded once per operator / tensor kind: a
@@ -86,8 +92,8 @@ def _row_head(op_type: str, op_name: str, stream: int) -> str:
 
 
 @functools.lru_cache(maxsize=65536)
-def _row_middle(io: str, slot: int, nbytes: int, dtype: str, shape: torch.Size) -> str:
-    return "," + encode_fields((io, str(slot), str(nbytes), dtype, _shape_text(shape))) + ","
+def _row_middle(io: str, slot: int, dtype: torch.dtype, shape: torch.Size) -> str:
+    return "," + encode_fields((io, str(slot), str(_nbytes(dtype, shape)), dtype_name(dtype), _shape_text(shape))) + ","
 
 
 def stream_id_of(t: torch.Tensor) -> int:
@@ -128,22 +134,31 @@ class Recorder:
         self._kernel_args_done: set = set()
         self._lock = threading.RLock()
         self._warned: set = set()
-        self.tensors_recorded = 0      # tensors handed to _record (the bench reports it per step)
+        self.tensors_recorded = 0      # tensors recorded (the bench reports it per step)
+        # statistics computed on the device only: no host copy, no file (the fast path of record)
+        self._statistics_only = (self.stats is not None and not cfg.dump_tensors
+                                 and not self.stats.needs_host_copy)
 
     # ------------------------------------------------------------------ tensors
     def record(self, folder: str, op: OpInfo, io: str, slot: int, tensor: torch.Tensor) -> None:
         """Dump one input/output tensor of ``op`` into ``folder`` (an iteration folder)."""
         if not isinstance(tensor, torch.Tensor) or self._unsupported(tensor):
             return
-        self._record(folder, op.op_type, op.full_name, io, slot, tensor, stem=op.file_stem)
+        if self._statistics_only:
+            self.tensors_recorded += 1
+            stream = stream_id_of(tensor) if tensor.is_cuda else 0
+            self._queue_row(folder, (op.op_type, op.full_name, stream, self.clock(), io, slot,
+                                     tensor.dtype, tensor.shape), tensor)
+            return
+        self._record(folder, op.op_type, op.full_name, io, slot, tensor, op=op)
 
     def record_parameter(self, folder: str, name: str, tensor: torch.Tensor) -> None:
         if not isinstance(tensor, torch.Tensor) or self._unsupported(tensor):
             return
         self._record(folder, "Parameter", name, "output", 0, tensor, parameter=True)
 
-    def _record(self, folder, op_type, op_name, io, slot, tensor, parameter=False, stem="") -> None:
-        """``stem``: the operator's sanitized ``{op_type}.{op_name}`` (parameters have their own name form)."""
+    def _record(self, folder, op_type, op_name, io, slot, tensor, parameter=False, op=None) -> None:
+        """``op``: the operator (its file-name stem; parameters have their own name form)."""
         cfg = self.config
         self.tensors_recorded += 1
         ts = self.clock()
@@ -172,7 +187,7 @@ class Recorder:
                 if parameter:
                     name = parameter_file_name(op_name, ts, dtype)
                 else:
-                    name = tensor_file_name(stem, 0, stream, ts, io, slot, fmt, dtype)
+                    name = tensor_file_name(op.file_stem, 0, stream, ts, io, slot, fmt, dtype)
             else:
                 name = None
             # host statistics come from the very copy the file is written from
@@ -186,20 +201,23 @@ class Recorder:
             if host_stats:
                 seen.host_future = future
         if stats is not None:
-            # the row's text is made in the writer thread (see _write_rows)
-            prefix = (op_type, op_name, stream, ts, io, slot, nbytes, dtype, tensor.shape)
-            # Launch, append and collect share one lock, so a handle always belongs
-            # to the batch that is collected with its row.
-            with self._lock:
-                if seen is not None and seen.device_handle is not None:
-                    device_handle = seen.device_handle
-                else:
-                    device_handle = stats.device_launch(tensor)
-                    if device_handle is not None and need_copy:
-                        if seen is None:
-                            seen = self._remember(tensor)
-                        seen.device_handle = device_handle
-                self._pending.setdefault(folder, []).append((prefix, device_handle, host_future))
+            self._queue_row(folder, (op_type, op_name, stream, ts, io, slot, tensor.dtype, tensor.shape),
+                            tensor, seen, host_future)
+
+    def _queue_row(self, folder: str, prefix: tuple, tensor: torch.Tensor,
+                   seen: Optional["_Seen"] = None, host_future=None) -> None:
+        """Launch the device statistics of ``tensor`` and queue its statistic.csv row
+        (its text is made in the writer thread, see :meth:`_write_rows`)."""
+        # Launch, append and collect share one lock, so a handle always belongs
+        # to the batch that is collected with its row.
+        with self._lock:
+            if seen is not None and seen.device_handle is not None:
+                device_handle = seen.device_handle
+            else:
+                device_handle = self.stats.device_launch(tensor)
+                if device_handle is not None and seen is not None:
+                    seen.device_handle = device_handle
+            self._pending.setdefault(folder, []).append((prefix, device_handle, host_future))
 
     # ------------------------------------------------------------------ same tensor, seen again
     def _seen_entry(self, tensor: torch.Tensor) -> Optional["_Seen"]:
@@ -315,9 +333,9 @@ class Recorder:
         if stats.device_only:           # the common case: the cells are the device cells, in order
             texts = [",".join(cells) for cells in device_cells.lists()]     # numbers: never quoted
             empty = "," * (len(stats.categories) - 1)
-            lines = [_row_head(op_type, op_name, stream) + str(ts) + _row_middle(io, slot, nbytes, dtype, shape)
+            lines = [_row_head(op_type, op_name, stream) + str(ts) + _row_middle(io, slot, dtype, shape)
                      + (empty if h is None else texts[h])
-                     for (op_type, op_name, stream, ts, io, slot, nbytes, dtype, shape), h, _ in batch]
+                     for (op_type, op_name, stream, ts, io, slot, dtype, shape), h, _ in batch]
             lines.append("")
             csv.append_encoded("\n".join(lines).encode("utf-8"))
             return

@@ -1,6 +1,7 @@
 """statistic.csv writer: header once, whole rows, no interleaving, quoting, failures."""
 import csv
 import errno
+import math
 import os
 import threading
 
@@ -156,10 +157,11 @@ def test_rows_assembled_from_pieces_equal_csv_rows(op_type, op_name, shape, ts):
     from opdump.recorder import _row_head, _row_middle, _row_prefix
     shape = torch.Size(shape)
     cells = ["1.5", "", "nan"]
-    fast = (_row_head(op_type, op_name, 3) + str(ts) + _row_middle("input", 1, 24, "Float32", shape)
+    fast = (_row_head(op_type, op_name, 3) + str(ts) + _row_middle("input", 1, torch.float32, shape)
             + ",".join(cells) + "\n")
-    reference = mod.encode_rows([_row_prefix(op_type, op_name, 3, ts, "input", 1, 24, "Float32", shape) + cells])
+    reference = mod.encode_rows([_row_prefix(op_type, op_name, 3, ts, "input", 1, torch.float32, shape) + cells])
     assert fast.encode("utf-8") == reference
     import io
     [back] = list(csv.reader(io.StringIO(fast, newline="")))
-    assert back == [op_type, op_name, "0", "3", str(ts), "input", "1", "24", "Float32", format_shape(shape), *cells]
+    nbytes = str(4 * math.prod(shape))
+    assert back == [op_type, op_name, "0", "3", str(ts), "input", "1", nbytes, "Float32", format_shape(shape), *cells]

@@ -265,13 +265,14 @@ def test_strided_tensors_agree_with_host(layout):
             agree(f"{layout}/{cat}", d, h, 1e-6)
 
 
+# Reuse is for tensors of at least 65536 elements (smaller ones the CPU kernel simply reads again).
 def test_views_of_one_memory_block_share_statistics():
-    x = torch.randn(300, 200)
+    x = torch.randn(400, 200)
     batch = DeviceStatsBatch(["max", "min", "l2norm"], "high")
     i = batch.add(x)
     assert batch.add(x.t()) == i                 # same elements, other order: reused
-    assert batch.add(x.view(200, 300)) == i
-    assert batch.add(x[:100]) != i               # fewer elements: computed
+    assert batch.add(x.view(200, 400)) == i
+    assert batch.add(x[:390]) != i               # fewer elements: computed
     j = batch.add(x.neg())                       # another tensor
     assert j != i
     x.mul_(2)                                    # in-place write: the version counter moves
@@ -283,17 +284,17 @@ def test_views_of_one_memory_block_share_statistics():
 
 
 def test_tensors_with_gaps_share_statistics_only_through_identical_strides():
-    x = torch.randn(60, 40)
+    x = torch.randn(600, 240)
     batch = DeviceStatsBatch(["max", "min", "l2norm"], "high")
     cols = x[:, ::2]                              # gaps: no memory block of its own
     i = batch.add(cols)
     assert batch.add(x[:, ::2]) == i              # the same elements through the same strides
     j = batch.add(x[:, 1::2])                     # the other half: other pointer
-    k = batch.add(x[:, :20])                      # same pointer and shape, other strides
+    k = batch.add(x[:, :120])                     # same pointer and shape, other strides
     l = batch.add(x[::2])                         # same pointer, other shape
     assert len({i, j, k, l}) == 4
     expected = {idx: [float(t.max()), float(t.min()), pytest.approx(float(t.double().norm()))]
-                for idx, t in ((i, x[:, ::2]), (j, x[:, 1::2]), (k, x[:, :20]), (l, x[::2]))}
+                for idx, t in ((i, x[:, ::2]), (j, x[:, 1::2]), (k, x[:, :120]), (l, x[::2]))}
     cols.mul_(-1)                                 # written through another view: version moved
     m = batch.add(x[:, ::2])
     assert m != i
@@ -307,8 +308,17 @@ def test_tensors_with_gaps_share_statistics_only_through_identical_strides():
     assert batch.add(slab) != n_
 
 
+def test_small_cpu_tensors_are_read_again_not_looked_up():
+    x = torch.randn(100, 50)
+    batch = DeviceStatsBatch(["max", "min", "l2norm"], "high")
+    i = batch.add(x)
+    j = batch.add(x.t())
+    assert i != j
+    assert batch.collect()[j] == batch.collect()[i]
+
+
 def test_reuse_needs_the_first_tensor_alive_and_not_forgotten():
-    x = torch.randn(50, 40)
+    x = torch.randn(500, 140)
     batch = DeviceStatsBatch(["max"], "high")
     first = batch.add(x.view(-1))                # that view object dies right away
     assert batch.add(x) != first                 # its memory could have been reused: computed anew

@@ -270,18 +270,21 @@ _FUSED = {
     "count": lambda f, n: n,
 }
 _FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# Below this many elements the CPU kernel reads a tensor again rather than look it up.
+_SMALL = 1 << 16
+_UNRESOLVED = object()
 
 
 class _Entry:
-    __slots__ = ("device", "plan", "nfloat", "nint", "dtype", "stream", "values")
+    """A tensor whose statistics were launched on its device (an entry known at once is a
+    plain list of its values instead)."""
+    __slots__ = ("device", "plan", "nfloat", "nint", "stream")
 
-    def __init__(self, device, plan, nfloat, nint, dtype, stream):
-        self.device = device        # None: nothing launched
+    def __init__(self, device, plan, nfloat, nint, stream):
+        self.device = device
         self.plan = plan            # per category: ("f", i) | ("i", i) | ("v", value)
-        self.values = None          # all values known at once (the CPU kernel): no plan
         self.nfloat = nfloat
         self.nint = nint
-        self.dtype = dtype
         self.stream = stream
 
 
@@ -306,7 +309,8 @@ class DeviceStatsBatch:
         self.categories = tuple(c.name for c in cats)
         self._cats = cats
         self.precision = precision
-        self._entries: List[_Entry] = []
+        self._entries: List[Any] = []          # _Entry, or the list of values of a tensor known at once
+        self._dtypes: List[torch.dtype] = []
         self._floats: Dict[torch.device, List[torch.Tensor]] = {}
         self._ints: Dict[torch.device, List[torch.Tensor]] = {}
         # memory block -> (weakref to the tensor added, its version, its index)
@@ -315,6 +319,7 @@ class DeviceStatsBatch:
         use_kernel = cpu_kernel and precision == "high"
         self._fused_cats = sum(c.name in _FUSED for c in cats) if use_kernel else 0
         self._fused_getters = [_FUSED.get(c.name) for c in cats]
+        self._kernel = _UNRESOLVED
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -326,25 +331,33 @@ class DeviceStatsBatch:
         (a ``view``, ``t()``, ``permute``… of it: the same elements in another order)
         gets that tensor's index: its statistics are the same, and nothing is launched.
         Reuse needs the earlier tensor alive (so its memory cannot have been reused)
-        and the shared version counter unchanged (no in-place write since).
+        and the shared version counter unchanged (no in-place write since).  Small
+        tensors the CPU kernel reads are simply read again: cheaper than the bookkeeping.
         """
         index = len(self._entries)
         t = tensor
-        if not supported_dtype(t.dtype) or not self._cats:
-            self._entries.append(_Entry(None, [("v", None)] * len(self._cats), 0, 0, t.dtype, None))
-            return index
+        dtype = t.dtype
         n = t.numel()
+        kernel = self._kernel
+        if kernel is _UNRESOLVED:
+            kernel = self._small_kernel()
+        if kernel is not None and n < _SMALL and t.is_cpu and dtype in _FUSED_DTYPES:
+            fused = kernel(t) if n else None
+            if fused is not None:
+                self._entries.append([get(fused, n) for get in self._fused_getters])
+                self._dtypes.append(dtype)
+                return index
+        if not supported_dtype(dtype) or not self._cats:
+            return self._known([None] * len(self._cats), dtype)
         if n == 0:
-            plan = [("v", 0 if c.kind == "count" else None) for c in self._cats]
-            self._entries.append(_Entry(None, plan, 0, 0, t.dtype, None))
-            return index
+            return self._known([0 if c.kind == "count" else None for c in self._cats], dtype)
         ordered = memory_order(t)
         dev = t.device
         ptr = t.data_ptr()
         if ordered.is_contiguous() and (ordered is t or ordered.data_ptr() == ptr):
-            key = (dev, ptr, n, t.dtype, t.is_neg())
+            key = (dev, ptr, n, dtype, t.is_neg())
         else:       # gaps or overlaps: the same elements only through the very same strides
-            key = (dev, ptr, t.dtype, t.is_neg(), t.shape, t.stride())
+            key = (dev, ptr, dtype, t.is_neg(), t.shape, t.stride())
         earlier = self._by_memory.get(key)
         version = tensor_version(tensor)
         if earlier is not None:
@@ -353,14 +366,11 @@ class DeviceStatsBatch:
                 return i
         self._by_memory[key] = (weakref.ref(tensor), version, index)
         fused = None
-        if self._fused_cats and dev.type == "cpu" and t.dtype in _FUSED_DTYPES:
+        if self._fused_cats and dev.type == "cpu" and dtype in _FUSED_DTYPES:
             kernel = _cpu_kernel.load()
             fused = kernel(t) if kernel is not None else None
             if fused is not None and self._fused_cats == len(self._cats):
-                entry = _Entry(None, None, 0, 0, t.dtype, None)
-                entry.values = [get(fused, n) for get in self._fused_getters]
-                self._entries.append(entry)
-                return index
+                return self._known([get(fused, n) for get in self._fused_getters], dtype)
         if t.requires_grad:
             t, ordered = t.detach(), ordered.detach()       # detach costs ~5 us; needed only then
         floats = self._floats.setdefault(dev, [])
@@ -379,8 +389,24 @@ class DeviceStatsBatch:
                 plan.append(("i", len(ints) - i0))
                 ints.append(r)
         stream = torch.cuda.current_stream(dev) if dev.type == "cuda" else None
-        self._entries.append(_Entry(dev, plan, len(floats) - f0, len(ints) - i0, t.dtype, stream))
+        self._entries.append(_Entry(dev, plan, len(floats) - f0, len(ints) - i0, stream))
+        self._dtypes.append(dtype)
         return index
+
+    def _known(self, values: List[Any], dtype: torch.dtype) -> int:
+        """An entry whose values are known without any kernel to wait for."""
+        self._entries.append(values)
+        self._dtypes.append(dtype)
+        return len(self._entries) - 1
+
+    def _small_kernel(self):
+        """The CPU kernel when every category comes from it (the small-tensor fast path);
+        resolved at the first tensor (building the kernel is not paid by CUDA-only runs)."""
+        kernel = None
+        if self._cats and self._fused_cats == len(self._cats):
+            kernel = _cpu_kernel.load()
+        self._kernel = kernel
+        return kernel
 
     def collect(self) -> List[List[Any]]:
         """Per added tensor, its values in category order (float, int or None).
@@ -403,7 +429,8 @@ class DeviceStatsBatch:
                 continue
             if dev.type == "cuda":
                 current = torch.cuda.current_stream(dev)
-                for s in {e.stream for e in self._entries if e.device == dev} - {current, None}:
+                streams = {e.stream for e in self._entries if type(e) is _Entry and e.device == dev}
+                for s in streams - {current, None}:
                     current.wait_stream(s)
             parts = []
             if floats:
@@ -413,7 +440,7 @@ class DeviceStatsBatch:
             buf = (parts[0] if len(parts) == 1 else torch.cat(parts)).cpu().numpy()
             nf = len(floats)
             host[dev] = (buf[:nf].view(np.float64), buf[nf:])
-        return Gathered(host, list(self._entries), self._cats)
+        return Gathered(host, list(self._entries), list(self._dtypes), self._cats)
 
     def forget(self, tensor: torch.Tensor) -> None:
         """``tensor`` is being written in place (inside the operator's dispatch its version
@@ -427,6 +454,7 @@ class DeviceStatsBatch:
     def clear(self) -> None:
         self._by_memory.clear()
         self._entries.clear()
+        self._dtypes.clear()
         self._floats.clear()
         self._ints.clear()
 
@@ -434,19 +462,19 @@ class DeviceStatsBatch:
 class Gathered:
     """The values of one batch, on the host; :meth:`values` unpacks them per tensor."""
 
-    def __init__(self, host: Dict[torch.device, tuple], entries: List[_Entry], cats):
+    def __init__(self, host: Dict[torch.device, tuple], entries: List[Any], dtypes: List[torch.dtype], cats):
         self._host = host
         self._entries = entries
         self._cats = cats
-        self.dtypes = [e.dtype for e in entries]
+        self.dtypes = dtypes
 
     def values(self) -> List[List[Any]]:
         host = self._host
         out: List[List[Any]] = []
         offsets = {dev: [0, 0] for dev in host}
         for e in self._entries:
-            if e.device is None:
-                out.append(e.values if e.values is not None else [v for _, v in e.plan])
+            if type(e) is list:
+                out.append(e)
                 continue
             fvals, ivals = host[e.device]
             off = offsets[e.device]
