@@ -8,6 +8,13 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 
 
+def pytest_sessionstart(session):
+    """Build the CPU statistics kernel once, before any test starts a subprocess that needs it
+    (a no-op when scripts/setup.sh already built it)."""
+    from opdump.stats import cpu_kernel
+    cpu_kernel.load()
+
+
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
     """Each test compiles afresh: Dynamo's cache must not hand a graph to an old session's backend."""

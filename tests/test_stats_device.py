@@ -1,5 +1,6 @@
 """Device statistics (run on CPU tensors here; on CUDA when available) against the host path."""
 import math
+import os
 
 import numpy as np
 import pytest
@@ -131,6 +132,19 @@ def test_no_host_transfer_per_tensor(monkeypatch):
     values = batch.collect()
     assert calls["cpu"] == 1                       # all tensors are on the CPU device here
     assert len(values) == len(TENSORS)
+
+
+@pytest.mark.skipif(os.environ.get("OPDUMP_CPU_KERNEL", "1") == "0",
+                    reason="OPDUMP_CPU_KERNEL=0: the kernel is switched off on purpose")
+def test_cpu_kernel_is_built_and_used_here():
+    """This machine has g++ and ninja: the suite must exercise the kernel, not only the fallback."""
+    from opdump.stats import cpu_kernel
+    fn = cpu_kernel.load()
+    assert fn is not None
+    x = torch.tensor([[1.0, -3.0], [float("inf"), 2.0]])
+    assert fn(x) == (float("inf"), -3.0, float("inf"), float("inf"))
+    assert fn(torch.tensor([1.0, float("nan")]))[0] != fn(torch.tensor([1.0, float("nan")]))[0]   # NaN
+    assert fn(torch.arange(3)) is None and fn(torch.empty(0)) is None
 
 
 def _aten_ops_of_add(batch, t):

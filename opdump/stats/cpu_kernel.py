@@ -1,8 +1,9 @@
 """The one-pass CPU statistics kernel (``cpu_kernel.cpp``), built on first use.
 
-:func:`fused_stats` gives ``(max, min, sum, sum of squares)`` of a dense CPU
-float32/bfloat16/float16 tensor in one read of its memory, or None when the
-kernel does not handle the tensor or is not available.  On this project's
+:func:`load` gives the kernel's ``fused_stats(tensor)``, or None when it is not
+available; ``fused_stats`` gives ``(max, min, sum, sum of squares)`` of a dense CPU
+float32/bfloat16/float16 tensor in one read of its memory, or None for a tensor it
+does not handle (see the guarantees at the top of ``cpu_kernel.cpp``).  On this project's
 2-core CPU it is 2–4x faster than the torch reductions it replaces (aminmax +
 float32 row norms + a float64 combine), see BENCHMARKS.md.
 
