@@ -157,6 +157,11 @@ class EagerCapture:
         self._counts_iter: Optional[int] = None
         self._ir_written = False
         self._op_types: Dict[Any, Optional[Tuple[str, str]]] = {}
+        # config decisions read per operator, resolved once
+        self._dump_in = cfg.dump_inputs
+        self._dump_out = cfg.dump_outputs
+        self._kernel_args = cfg.save_kernel_args
+        self._select_all = session.selector.mode == 0
         self._mutated: Dict[Any, Tuple[Tuple[int, str], ...]] = {}
         self._selected: Dict[str, bool] = {}
 
@@ -461,44 +466,45 @@ class EagerCapture:
         state.n = index + 1
         op_type, overload = types
         op = OpInfo(index, op_type, scope, overload, ids, sources)
-        selected = self._select(op)
+        selected = True if self._select_all else self._select(op)
         op.selected = selected
-        cfg = self.config
-        kernel_args = selected and cfg.save_kernel_args
+        kernel_args = selected and self._kernel_args
         if listing or kernel_args:
             op.args = _non_tensor_args(func, args, kwargs)
         recorder = self.session.recorder
-        dump_in = selected and cfg.dump_inputs
+        dump_in = selected and self._dump_in
         inputs = _flat_tensors(args, []) if (dump_in or listing) else ()
         if kwargs and (dump_in or listing):
             _flat_tensors(kwargs.values(), inputs)
         if selected:
-            folder = self._folder(state)
+            folder = state.folder or self._folder(state)
             if dump_in:
-                allowed = self.session.device_allowed
+                record = recorder.record
                 for slot, t in enumerate(inputs):
-                    if t.device.type == "cpu" or allowed(t.device):
-                        recorder.record(folder, op, "input", slot, t)
+                    if t.is_cpu or self.session.device_allowed(t.device):
+                        record(folder, op, "input", slot, t)
             if kernel_args:
                 recorder.record_kernel_args(folder, op)
         out = func(*args, **kwargs)
         if selected and _writes(func):      # its arguments changed: recorded copies/statistics are stale
             for t in _flat_tensors(args, _flat_tensors(kwargs.values(), [])):
                 recorder.forget(t)
-        dump_out = selected and cfg.dump_outputs
+        dump_out = selected and self._dump_out
         if dump_out or listing:
             mutated = self._mutated_args(func)
             if mutated:
                 values = [args[i] if i < len(args) else kwargs.get(name) for i, name in mutated]
                 outputs = _flat_tensors(values, [])
+            elif type(out) is torch.Tensor:
+                outputs = [out]
             else:
                 outputs = _flat_tensors((out,), [])
             if dump_out:
-                folder = self._folder(state)
-                allowed = self.session.device_allowed
+                folder = state.folder or self._folder(state)
+                record = recorder.record
                 for slot, t in enumerate(outputs):
-                    if t.device.type == "cpu" or allowed(t.device):
-                        recorder.record(folder, op, "output", slot, t)
+                    if t.is_cpu or self.session.device_allowed(t.device):
+                        record(folder, op, "output", slot, t)
             if listing:
                 self._describe(state, op, func, args, kwargs, inputs, outputs)
         if listing:
