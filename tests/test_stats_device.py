@@ -144,7 +144,10 @@ def test_cpu_kernel_is_built_and_used_here():
     x = torch.tensor([[1.0, -3.0], [float("inf"), 2.0]])
     assert fn(x) == (float("inf"), -3.0, float("inf"), float("inf"))
     assert fn(torch.tensor([1.0, float("nan")]))[0] != fn(torch.tensor([1.0, float("nan")]))[0]   # NaN
-    assert fn(torch.arange(3)) is None and fn(torch.empty(0)) is None
+    assert fn(torch.tensor([2**62 + 1, -3])) == (2**62 + 1, -3, float(2**62 - 2), float(2**124 + 2**63 + 10))
+    assert fn(torch.tensor([True, False, True])) == (1, 0, 2.0, 2.0)
+    assert fn(torch.randn(4, dtype=torch.float64)) is None and fn(torch.empty(0)) is None
+    assert fn(torch.randn(8, 8)[:, :3]) is None                         # gaps: left to torch
 
 
 def _aten_ops_of_add(batch, t):

@@ -15,8 +15,10 @@
 // * deterministic: the tensor is cut into fixed chunks whatever the thread
 //   count, and the chunks are combined in order;
 // * the GIL is released while reading, so writer threads keep running;
+// * integer and bool tensors (bool read as its 0/1 bytes; not uint64): max/min
+//   exact, as int64; sums in float64 (exact while below 2**53);
 // * a tensor it does not handle (not CPU, empty, overlapping or with gaps,
-//   a negative-bit view, another dtype) gives None: the caller uses torch.
+//   a negative-bit view, float64, complex, uint64…) gives None: the caller uses torch.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -118,20 +120,111 @@ Acc reduce_all(const T* p, int64_t n) {
   return a;
 }
 
-// (max, min, sum, sum of squares) as Python floats, or None (see the header).
+// Integer and bool tensors: max/min exact in int64, sums in float64 lanes (exact up to 2**53).
+struct IntAcc {
+  int64_t max = std::numeric_limits<int64_t>::min();
+  int64_t min = std::numeric_limits<int64_t>::max();
+  double sum = 0.0;
+  double sumsq = 0.0;
+};
+
+template <typename T>
+IntAcc reduce_int_range(const T* p, int64_t n) {
+  T mx[kLanes], mn[kLanes];
+  double s[kLanes], q[kLanes];
+  for (int j = 0; j < kLanes; ++j) {
+    mx[j] = std::numeric_limits<T>::lowest();
+    mn[j] = std::numeric_limits<T>::max();
+    s[j] = q[j] = 0.0;
+  }
+  const int64_t full = n - n % kLanes;
+  for (int64_t i = 0; i < full; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) {
+      const T v = p[i + j];
+      mx[j] = mx[j] < v ? v : mx[j];
+      mn[j] = v < mn[j] ? v : mn[j];
+      const double d = static_cast<double>(v);
+      s[j] += d;
+      q[j] += d * d;
+    }
+  }
+  IntAcc a;
+  for (int j = 0; j < kLanes && full > 0; ++j) {
+    a.max = std::max<int64_t>(a.max, mx[j]);
+    a.min = std::min<int64_t>(a.min, mn[j]);
+    a.sum += s[j];
+    a.sumsq += q[j];
+  }
+  for (int64_t i = full; i < n; ++i) {
+    const T v = p[i];
+    a.max = std::max<int64_t>(a.max, v);
+    a.min = std::min<int64_t>(a.min, v);
+    const double d = static_cast<double>(v);
+    a.sum += d;
+    a.sumsq += d * d;
+  }
+  return a;
+}
+
+template <typename T>
+IntAcc reduce_int_all(const T* p, int64_t n) {
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  if (chunks <= 1) return reduce_int_range(p, n);
+  std::vector<IntAcc> parts(chunks);
+  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      parts[c] = reduce_int_range(p + c * kChunk, std::min(kChunk, n - c * kChunk));
+    }
+  });
+  IntAcc a = parts[0];
+  for (int64_t c = 1; c < chunks; ++c) {
+    a.max = std::max(a.max, parts[c].max);
+    a.min = std::min(a.min, parts[c].min);
+    a.sum += parts[c].sum;
+    a.sumsq += parts[c].sumsq;
+  }
+  return a;
+}
+
+pybind11::object int_stats(const at::Tensor& x, const void* data, int64_t n) {
+  IntAcc a;
+  {
+    pybind11::gil_scoped_release no_gil;
+    switch (x.scalar_type()) {
+      case at::kBool:  // stored as one byte 0/1
+      case at::kByte: a = reduce_int_all(static_cast<const uint8_t*>(data), n); break;
+      case at::kChar: a = reduce_int_all(static_cast<const int8_t*>(data), n); break;
+      case at::kShort: a = reduce_int_all(static_cast<const int16_t*>(data), n); break;
+      case at::kInt: a = reduce_int_all(static_cast<const int32_t*>(data), n); break;
+      case at::kUInt16: a = reduce_int_all(static_cast<const uint16_t*>(data), n); break;
+      case at::kUInt32: a = reduce_int_all(static_cast<const uint32_t*>(data), n); break;
+      default: a = reduce_int_all(static_cast<const int64_t*>(data), n); break;
+    }
+  }
+  return pybind11::make_tuple(a.max, a.min, a.sum, a.sumsq);
+}
+
+// (max, min, sum, sum of squares): Python floats for float tensors, max/min as Python
+// ints for integer and bool tensors; or None (see the header).
 pybind11::object fused_stats(const at::Tensor& x) {
   if (!x.defined() || !x.device().is_cpu() || x.layout() != at::kStrided || x.numel() == 0 ||
       x.is_neg() || x.is_conj() || !x.is_non_overlapping_and_dense()) {
     return pybind11::none();
   }
   const auto dtype = x.scalar_type();
-  if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kHalf) {
-    return pybind11::none();
-  }
   // Dense without overlap and with non-negative strides: the elements are exactly
   // the numel() consecutive ones starting at data_ptr(), in some order.
   const int64_t n = x.numel();
   const void* data = x.data_ptr();
+  switch (dtype) {
+    case at::kBool: case at::kByte: case at::kChar: case at::kShort: case at::kInt:
+    case at::kLong: case at::kUInt16: case at::kUInt32:
+      return int_stats(x, data, n);
+    case at::kFloat: case at::kBFloat16: case at::kHalf:
+      break;
+    default:
+      return pybind11::none();
+  }
   Acc a;
   {
     pybind11::gil_scoped_release no_gil;

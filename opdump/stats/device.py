@@ -30,12 +30,13 @@ transfer buffer), so element values and float32 results are exact.
   exceeds 65504 gives ``inf``, and bfloat16 results keep 8 bits of mantissa.
   Integer tensors use float32.
 
-On CPU, ``"high"`` precision, float32/bfloat16/float16 tensors whose elements
-fill one block of memory (contiguous, transposed, permuted, channels-last) get
-``max``, ``min``, ``avg``, ``l2norm`` and ``count`` from one read by a C++ loop
-(:mod:`.cpu_kernel`; same accumulation rules as above: float64 below 16384
-elements, float32 blocks combined in float64 above); their values are known at
-once, with nothing to gather.  Other categories, dtypes, layouts and devices use
+On CPU, ``"high"`` precision, float32/bfloat16/float16, integer and bool tensors
+whose elements fill one block of memory (contiguous, transposed, permuted,
+channels-last) get ``max``, ``min``, ``avg``, ``l2norm`` and ``count`` from one
+read by a C++ loop (:mod:`.cpu_kernel`; same accumulation rules as above: float64
+below 16384 elements, float32 blocks combined in float64 above; integers and bools
+in float64, their max/min exact); their values are known at once, with nothing to
+gather.  Other categories, dtypes, layouts and devices use
 the torch reductions below.
 
 Every statistic is invariant under a reordering of the elements, so tensors are
@@ -269,7 +270,8 @@ _FUSED = {
     "l2norm": lambda f, n: math.sqrt(f[3]),
     "count": lambda f, n: n,
 }
-_FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_FUSED_DTYPES = frozenset((torch.float32, torch.bfloat16, torch.float16, torch.bool, torch.uint8, torch.int8,
+                           torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32))
 # Below this many elements the CPU kernel reads a tensor again rather than look it up.
 _SMALL = 1 << 16
 _UNRESOLVED = object()
