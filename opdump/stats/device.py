@@ -295,8 +295,8 @@ class DeviceStatsBatch:
 
     ``categories``: the device-capable categories to compute, in the order
     :meth:`collect` returns them.  ``cpu_kernel``: let the one-pass CPU kernel
-    (:mod:`.cpu_kernel`) give max/min/avg/l2norm/count of CPU float tensors
-    (False: torch reductions only, as on other devices).
+    (:mod:`.cpu_kernel`) give max/min/avg/l2norm/count of CPU float, integer and
+    bool tensors (False: torch reductions only, as on other devices).
     """
 
     def __init__(self, categories: Sequence[str], precision: str = "high", *, cpu_kernel: bool = True):

@@ -80,14 +80,7 @@ def format_int(value) -> str:
 
 def format_element(value, dtype: torch.dtype) -> str:
     """A value that is an element of a tensor of ``dtype`` (max, min, finite max/min)."""
-    if value is None:
-        return ""
-    np_type = element_format_dtype(dtype)
-    if np_type is None:
-        return format_int(value)
-    if value == 0:
-        value = 0.0                 # the sign of a zero extreme is order-dependent (module docstring)
-    return format_float(value, np_type)
+    return cell_formatter("element", dtype)(value)
 
 
 def format_computed(value) -> str:
@@ -125,20 +118,12 @@ def cell_formatter(kind: str, dtype: Optional[torch.dtype]) -> Callable[[Any], s
         np_type = element_format_dtype(dtype) if dtype is not None else None
         if np_type is None:
             return format_count
-        if np_type is np.float64:
-            def element64(value) -> str:
-                if value is None:
-                    return ""
-                value = float(value)
-                return "0.0" if value == 0 else repr(value)      # repr: nan, inf, -inf too
-            return element64
 
         def element(value) -> str:
             if value is None:
                 return ""
-            # numpy's str of a float16/float32 scalar: shortest round-trip repr, and
-            # "nan"/"inf"/"-inf" like format_float; a zero extreme is unsigned
-            return "0.0" if value == 0 else str(np_type(value))
+            # a zero extreme is unsigned: its sign depends on the reading order (module docstring)
+            return "0.0" if value == 0 else format_float(value, np_type)
         return element
     if kind == "computed":
         return format_computed
