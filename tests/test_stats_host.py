@@ -250,3 +250,17 @@ def test_unknown_category_suggests_nearest():
 def test_random_float_tensors(arr):
     t = torch.from_numpy(arr.copy())
     check(t, host_statistics(t, ALL), rel=1e-9)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([torch.float32, torch.float16,
+                                                                       torch.bfloat16, torch.float64]))
+def test_cell_formatters_equal_the_reference_rules(x, dtype):
+    """The writer's per-dtype formatters (no special cases) write what format_float writes."""
+    from opdump.stats.formatting import cell_formatter, element_format_dtype, format_float
+    np_type = element_format_dtype(dtype)
+    element = float(np_type(x))                 # a value the tensor could hold
+    want = "0.0" if element == 0 else format_float(element, np_type)
+    assert cell_formatter("element", dtype)(element) == want
+    assert cell_formatter("computed", dtype)(x) == format_float(x, np.float64)
+    assert cell_formatter("element", dtype)(None) == cell_formatter("computed", dtype)(None) == ""

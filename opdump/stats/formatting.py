@@ -110,6 +110,11 @@ def _text(value) -> str:
     return "" if value is None else str(value)
 
 
+def _computed(value) -> str:
+    """:func:`format_computed`, the special cases left to ``repr`` (which writes them alike)."""
+    return "" if value is None else repr(float(value))
+
+
 @functools.lru_cache(maxsize=None)
 def cell_formatter(kind: str, dtype: Optional[torch.dtype]) -> Callable[[Any], str]:
     """``value -> cell`` for one category kind and tensor dtype: :func:`format_cell` with the
@@ -119,14 +124,23 @@ def cell_formatter(kind: str, dtype: Optional[torch.dtype]) -> Callable[[Any], s
         if np_type is None:
             return format_count
 
+        if np_type is np.float64:
+            to_text = repr
+        else:
+            def to_text(value: float) -> str:
+                return str(np_type(value))
+
         def element(value) -> str:
+            # format_float without its special cases: numpy's str and Python's repr already
+            # write nan, inf and -inf that way (tests/test_stats_host.py checks the equality).
+            # A zero extreme is unsigned: its sign depends on the reading order (module docstring).
             if value is None:
                 return ""
-            # a zero extreme is unsigned: its sign depends on the reading order (module docstring)
-            return "0.0" if value == 0 else format_float(value, np_type)
+            value = float(value)
+            return "0.0" if value == 0 else to_text(value)
         return element
     if kind == "computed":
-        return format_computed
+        return _computed
     if kind == "count":
         return format_count
     return _text                    # "text" (md5 hex digest)
