@@ -57,7 +57,6 @@ Decisions (README-ready):
 """
 from __future__ import annotations
 
-import functools
 import os
 import warnings
 from typing import Any, Dict, Iterable, List, Optional, Tuple
@@ -156,13 +155,15 @@ class EagerCapture:
         self._state: Optional[_Iteration] = None
         self._counts_iter: Optional[int] = None
         self._ir_written = False
-        self._op_types: Dict[Any, Optional[Tuple[str, str]]] = {}
+        # per operator overload, keyed by id(): OpOverloads live for the whole process, and
+        # their Python-level __hash__ costs more than the lookup itself
+        self._op_types: Dict[int, Optional[Tuple[str, str]]] = {}
         # config decisions read per operator, resolved once
         self._dump_in = cfg.dump_inputs
         self._dump_out = cfg.dump_outputs
         self._kernel_args = cfg.save_kernel_args
         self._select_all = session.selector.mode == 0
-        self._mutated: Dict[Any, Tuple[Tuple[int, str], ...]] = {}
+        self._mutated: Dict[int, Tuple[Tuple[int, str], ...]] = {}
         self._selected: Dict[str, bool] = {}
 
     # ------------------------------------------------------------------ lifecycle
@@ -384,7 +385,7 @@ class EagerCapture:
     # ------------------------------------------------------------------ operators
     def _op_type(self, func) -> Optional[Tuple[str, str]]:
         try:
-            return self._op_types[func]
+            return self._op_types[id(func)]
         except KeyError:
             pass
         result = None
@@ -392,13 +393,13 @@ class EagerCapture:
             result = op_type_of(func)
             if result[0] in _NOT_OPERATORS:
                 result = None
-        self._op_types[func] = result
+        self._op_types[id(func)] = result
         return result
 
     def _mutated_args(self, func) -> Tuple[Tuple[int, str], ...]:
         """(position, name) of the arguments an operator returning nothing writes to."""
         try:
-            return self._mutated[func]
+            return self._mutated[id(func)]
         except KeyError:
             pass
         out: Tuple[Tuple[int, str], ...] = ()
@@ -406,7 +407,7 @@ class EagerCapture:
         if schema is not None and not schema.returns:
             out = tuple((i, a.name) for i, a in enumerate(schema.arguments)
                         if a.alias_info is not None and a.alias_info.is_write)
-        self._mutated[func] = out
+        self._mutated[id(func)] = out
         return out
 
     def _backward_scope(self, state: _Iteration, node) -> Tuple[str, Tuple[str, ...], Tuple]:
@@ -542,11 +543,17 @@ class EagerCapture:
                 producers[t] = f"%{op.index}[{k}]"
 
 
-@functools.lru_cache(maxsize=None)
+_WRITES: Dict[int, bool] = {}
+
+
 def _writes(func) -> bool:
     """Does the operator write to any of its arguments (in-place / out= variants)?"""
-    schema = getattr(func, "_schema", None)
-    return bool(schema is not None and schema.is_mutable)
+    key = id(func)
+    hit = _WRITES.get(key)
+    if hit is None:
+        schema = getattr(func, "_schema", None)
+        hit = _WRITES[key] = bool(schema is not None and schema.is_mutable)
+    return hit
 
 
 def _flat_tensors(values, out: List[torch.Tensor]) -> List[torch.Tensor]:
