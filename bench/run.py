@@ -213,7 +213,8 @@ class Bench:
                         toggle.enter()
 
                 mode = H.Side(w.step, enter=enter, exit=toggle.exit if toggle else None,
-                              drain=session.writer.flush,
+                              drain=(lambda: (session.writer.flush(), H.sync_disk())) if writes
+                              else session.writer.flush,
                               after_block=lambda: H.prune_iterations(dump, keep_last=True))
                 base = self.pair(base_step, mode, step_s, writes, tight="iteration" in cfgkw)
                 n = len(mode.times)
@@ -822,14 +823,18 @@ def report(info, models, scaling, memory, profile, msprobe, eager_missing, args,
              f"*{FLOOR_MODE}* measures that floor as it really is: `torch.compile(backend=\"aot_eager\")`, "
              "AOTAutograd's forward/backward graphs run by FX code with AOT's runtime wrappers — what opdump's "
              "dump path runs before any tap (on a model with small kernels its Python per operator shows).")
-    L.append("- *amortized*: (sum of the mode's step times + the time to drain the writer after each block) "
-             "/ steps — what a long run pays when the writer cannot hide in later steps.")
+    L.append("- *amortized*: (sum of the mode's step times + the time to drain the writer after each block, "
+             "for modes that write `.npy` files up to an `os.sync()`) / steps — what a long run pays when the "
+             "writer cannot hide in later steps and the page cache cannot absorb the files.")
     L.append("- Dumps go to a temp folder on the same disk as the numpy.save baseline, `os.sync()` before "
              "each timed write phase, old iteration folders deleted between rounds, everything deleted after.")
     L.append("- Throughput: bytes of `.npy` data written / (sum of dumped step times + writer drains) = "
              "**raw**; bytes / (that − steps × plain-eager median) = **effective** (the time the dump added). "
              "Against a plain loop of `numpy.save` writing the arrays of the last dumped iteration, read back "
-             "into memory, the same number of times, into the same dump folder, in the same run.")
+             "into memory, the same number of times, into the same dump folder, in the same run. Both sides "
+             "end each timed write phase with an `os.sync()` inside the timing (the dump's drain: writer "
+             "flush + sync): bytes on the disk, not in the page cache, whose state otherwise decides the "
+             "figure (numpy.save alone read 220 MB/s to 3.3 GB/s between runs on this machine).")
     L.append("- *ratio* = median / median (the figure the targets use); *paired* = median over rounds of (the "
              "mode's block median / the baseline block just before it), robust to a load change between rounds; "
              "*CPU-time* = ratio of median process CPU time per step (all threads, the writer's included), less "
