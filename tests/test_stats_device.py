@@ -1,6 +1,5 @@
 """Device statistics (run on CPU tensors here; on CUDA when available) against the host path."""
 import math
-import os
 
 import numpy as np
 import pytest
@@ -8,7 +7,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
-from opdump.stats import CATEGORIES, DeviceStatsBatch, lookup
+from opdump.stats import CATEGORIES, DeviceStatsBatch, cpu_kernel, lookup
 from opdump.stats.formatting import format_cell
 from opdump.stats.host import reduce_tensor
 
@@ -18,6 +17,10 @@ NAN, INF = float("nan"), float("inf")
 HIGH_REL = {"cpu": 1e-12, "cuda": 1e-5}
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+#: tests of the one-pass CPU kernel itself (with OPDUMP_CPU_KERNEL=0 the suite runs the torch path only)
+needs_kernel = pytest.mark.skipif(not cpu_kernel.enabled_by_environment(),
+                                  reason="OPDUMP_CPU_KERNEL=0: the CPU kernel is switched off on purpose")
 
 TENSORS = {
     "f32_special": torch.tensor([1.0, -2.0, 0.0, -0.0, NAN, INF, -INF, 0.1]),
@@ -134,11 +137,9 @@ def test_no_host_transfer_per_tensor(monkeypatch):
     assert len(values) == len(TENSORS)
 
 
-@pytest.mark.skipif(os.environ.get("OPDUMP_CPU_KERNEL", "1") == "0",
-                    reason="OPDUMP_CPU_KERNEL=0: the kernel is switched off on purpose")
+@needs_kernel
 def test_cpu_kernel_is_built_and_used_here():
     """This machine has g++ and ninja: the suite must exercise the kernel, not only the fallback."""
-    from opdump.stats import cpu_kernel
     fn = cpu_kernel.load()
     assert fn is not None
     x = torch.tensor([[1.0, -3.0], [float("inf"), 2.0]])
@@ -168,6 +169,7 @@ def test_few_kernels_per_tensor():
     assert "aten::stack" not in ops and "aten::_local_scalar_dense" not in ops
 
 
+@needs_kernel
 @pytest.mark.parametrize("make", [lambda: torch.randn(1000), lambda: torch.randn(300, 700).t(),
                                   lambda: torch.randn(2, 3, 40, 40).to(memory_format=torch.channels_last),
                                   lambda: torch.randn(5000).bfloat16()],
@@ -325,6 +327,7 @@ def test_tensors_with_gaps_share_statistics_only_through_identical_strides():
     assert batch.add(slab) != n_
 
 
+@needs_kernel
 def test_small_cpu_tensors_are_read_again_not_looked_up():
     x = torch.randn(100, 50)
     batch = DeviceStatsBatch(["max", "min", "l2norm"], "high")
