@@ -4,8 +4,9 @@ For each graph Dynamo hands over, two callables are built:
 * the *dump path*: AOTAutograd lowers the graph to ATen forward and backward
   graphs (no decompositions beyond ATen's own, so ``convolution``, ``addmm``,
   ``native_layer_norm`` stay whole); each gets a graph id in compile order, its
-  ``.ir``/JSON/execution-order files, and taps inserted by
-  :mod:`.instrument`; it runs operator by operator like MindSpore's O0;
+  ``.ir``/JSON/execution-order files, views that tolerate real strides
+  (:mod:`.strides`) and taps inserted by :mod:`.instrument`; it runs operator by
+  operator like MindSpore's O0;
 * the *real path*: the user's own backend (inductor by default), compiled on
   the untouched graph.
 Each call picks the dump path only when the current iteration dumps, so other
@@ -24,6 +25,7 @@ import torch.fx as fx
 from ..naming import _clean_path
 from .instrument import GraphRuntime, instrument
 from .ops import read_ops
+from .strides import tolerate_real_strides
 from ...write.dtypes import dtype_name
 from ...write.graph_files import render_execution_order, render_graph_json, render_ir
 
@@ -170,6 +172,7 @@ class _GraphCapture:
         runtime = GraphRuntime(session, graph_id, kind, ops, params)
         self._write_graph_files(gm, graph_id, kind, ops, params)
         self._dump_constants(gm, graph_id)
+        tolerate_real_strides(gm)
         instrument(gm, runtime, [n for n, _ in pairs], cfg.dump_inputs, cfg.dump_outputs)
         return make_boxed_func(gm.forward)
 
