@@ -5,6 +5,8 @@
 * :mod:`~opdump.stats.host`: numpy statistics of a CPU copy (background threads);
 * :mod:`~opdump.stats.device`: torch statistics on the tensor's device, batched,
   one sync per device;
+* :mod:`~opdump.stats.cpu_kernel`: the one-pass C++ reduction that gives the
+  default statistics of dense CPU tensors (built on first use);
 * :mod:`~opdump.stats.engine`: host/device split per category and row assembly;
 * :mod:`~opdump.stats.formatting`: how numbers and shapes are written.
 """
