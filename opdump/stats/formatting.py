@@ -15,9 +15,11 @@ Numbers
         value nearest to 0.1 is written ``0.1``, not ``0.10000000149011612``;
       - computed values (``avg``, ``l2norm``) are written with Python's
         ``repr(float)`` of the float64 result;
-      - notation follows Python: positional for 1e-4 <= |x| < 1e16, otherwise
-        scientific (``1e+20``, ``1.5e-07``); a float always shows a ``.`` or an
-        exponent (``3.0``), which tells it apart from an integer;
+      - notation: float64 values follow Python's ``repr`` (positional for
+        1e-4 <= |x| < 1e16, otherwise scientific: ``1e+20``, ``1.5e-07``);
+        float32/float16 elements follow numpy's ``str`` of the scalar, which turns
+        scientific sooner (float32 ``1234567.0`` is ``1.234567e+06``); a float always
+        shows a ``.`` or an exponent (``3.0``), which tells it apart from an integer;
       - NaN is written ``nan``, infinities ``inf`` and ``-inf``, a computed negative
         zero ``-0.0``; an element that is zero (a max or min of 0) is written ``0.0``
         whatever its sign: when a tensor holds both ``0.0`` and ``-0.0``, which of
