@@ -8,7 +8,8 @@ does not handle (see the guarantees at the top of ``cpu_kernel.cpp``).  On this 
 float32 row norms + a float64 combine), see BENCHMARKS.md.
 
 Building: ``torch.utils.cpp_extension.load`` compiles the file once per machine
-(about 25 s with g++; cached under ``$TORCH_EXTENSIONS_DIR``, by default
+with g++ and ninja (a dependency of opdump, used when none is on PATH; about 25 s;
+cached under ``$TORCH_EXTENSIONS_DIR``, by default
 ``~/.cache/torch_extensions``; concurrent processes wait for one build).  The
 module name carries a digest of the source and of the CPU's instruction-set
 flags, since it is built with ``-march=native`` (a home directory shared by
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import threading
 import warnings
 from typing import Callable, Optional
@@ -51,6 +53,19 @@ def _module_name() -> str:
     return f"opdump_cpu_stats_{digest[:12]}"
 
 
+def _ninja_dir() -> Optional[str]:
+    """The folder of the ``ninja`` that pip installs with opdump, when none is on PATH
+    (torch's extension builder runs ``ninja`` from PATH; a virtual environment that is
+    not activated has its own ``bin`` off PATH)."""
+    if shutil.which("ninja"):
+        return None
+    try:
+        import ninja
+    except ImportError:
+        return None
+    return getattr(ninja, "BIN_DIR", None)
+
+
 def enabled_by_environment() -> bool:
     return os.environ.get("OPDUMP_CPU_KERNEL", "1").strip().lower() not in ("0", "false", "no", "off")
 
@@ -64,8 +79,12 @@ def load() -> Optional[Callable]:
         if _loaded:
             return _fn
         if enabled_by_environment():
+            path = os.environ.get("PATH")
+            ninja_dir = _ninja_dir()
             try:
                 from torch.utils.cpp_extension import load as load_extension
+                if ninja_dir:           # for the build only; restored below
+                    os.environ["PATH"] = ninja_dir + os.pathsep + (path or "")
                 module = load_extension(
                     name=_module_name(), sources=[_SOURCE],
                     extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
@@ -79,5 +98,11 @@ def load() -> Optional[Callable]:
                     "with torch reductions instead (slower). Set OPDUMP_CPU_KERNEL=0 to skip the build.",
                     RuntimeWarning, stacklevel=2)
                 _fn = None
+            finally:
+                if ninja_dir:
+                    if path is None:
+                        os.environ.pop("PATH", None)
+                    else:
+                        os.environ["PATH"] = path
         _loaded = True
         return _fn
