@@ -104,20 +104,26 @@ Acc combine(Acc a, const Acc& b) {
   return a;
 }
 
+// Fixed chunks of kChunk elements reduced in parallel, combined in order (deterministic).
+template <typename A, typename T, typename Range, typename Combine>
+A reduce_chunks(const T* p, int64_t n, Range range, Combine combine) {
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  if (chunks <= 1) return range(p, n);
+  std::vector<A> parts(chunks);
+  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      parts[c] = range(p + c * kChunk, std::min(kChunk, n - c * kChunk));
+    }
+  });
+  A a = parts[0];
+  for (int64_t c = 1; c < chunks; ++c) a = combine(a, parts[c]);
+  return a;
+}
+
 template <typename T>
 Acc reduce_all(const T* p, int64_t n) {
   if (n < kSmall) return reduce_range<T, double>(p, n);
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-  if (chunks <= 1) return reduce_range<T, float>(p, n);
-  std::vector<Acc> parts(chunks);
-  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t c = begin; c < end; ++c) {
-      parts[c] = reduce_range<T, float>(p + c * kChunk, std::min(kChunk, n - c * kChunk));
-    }
-  });
-  Acc a = parts[0];
-  for (int64_t c = 1; c < chunks; ++c) a = combine(a, parts[c]);
-  return a;
+  return reduce_chunks<Acc>(p, n, reduce_range<T, float>, combine);
 }
 
 // Integer and bool tensors: max/min exact in int64, sums in float64 lanes (exact up to 2**53).
@@ -166,24 +172,17 @@ IntAcc reduce_int_range(const T* p, int64_t n) {
   return a;
 }
 
+IntAcc combine_int(IntAcc a, const IntAcc& b) {
+  a.max = std::max(a.max, b.max);
+  a.min = std::min(a.min, b.min);
+  a.sum += b.sum;
+  a.sumsq += b.sumsq;
+  return a;
+}
+
 template <typename T>
 IntAcc reduce_int_all(const T* p, int64_t n) {
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-  if (chunks <= 1) return reduce_int_range(p, n);
-  std::vector<IntAcc> parts(chunks);
-  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t c = begin; c < end; ++c) {
-      parts[c] = reduce_int_range(p + c * kChunk, std::min(kChunk, n - c * kChunk));
-    }
-  });
-  IntAcc a = parts[0];
-  for (int64_t c = 1; c < chunks; ++c) {
-    a.max = std::max(a.max, parts[c].max);
-    a.min = std::min(a.min, parts[c].min);
-    a.sum += parts[c].sum;
-    a.sumsq += parts[c].sumsq;
-  }
-  return a;
+  return reduce_chunks<IntAcc>(p, n, reduce_int_range<T>, combine_int);
 }
 
 pybind11::object int_stats(const at::Tensor& x, const void* data, int64_t n) {

@@ -318,9 +318,9 @@ class DeviceStatsBatch:
         # memory block -> (weakref to the tensor added, its version, its index)
         self._by_memory: Dict[tuple, tuple] = {}
         # categories the one-pass CPU kernel gives (high precision only: "low" promises the dtype's own)
-        use_kernel = cpu_kernel and precision == "high"
-        self._fused_cats = sum(c.name in _FUSED for c in cats) if use_kernel else 0
         self._fused_getters = [_FUSED.get(c.name) for c in cats]
+        self._use_kernel = cpu_kernel and precision == "high" and any(self._fused_getters)
+        self._all_fused = bool(cats) and all(self._fused_getters)     # no torch kernel at all
         self._kernel = _UNRESOLVED
 
     def __len__(self) -> int:
@@ -342,13 +342,11 @@ class DeviceStatsBatch:
         n = t.numel()
         kernel = self._kernel
         if kernel is _UNRESOLVED:
-            kernel = self._small_kernel()
-        if kernel is not None and n < _SMALL and t.is_cpu and dtype in _FUSED_DTYPES:
+            kernel = self._resolve_kernel()
+        if kernel is not None and self._all_fused and n < _SMALL and t.is_cpu and dtype in _FUSED_DTYPES:
             fused = kernel(t) if n else None
             if fused is not None:
-                self._entries.append([get(fused, n) for get in self._fused_getters])
-                self._dtypes.append(dtype)
-                return index
+                return self._known([get(fused, n) for get in self._fused_getters], dtype)
         if not supported_dtype(dtype) or not self._cats:
             return self._known([None] * len(self._cats), dtype)
         if n == 0:
@@ -368,10 +366,9 @@ class DeviceStatsBatch:
                 return i
         self._by_memory[key] = (weakref.ref(tensor), version, index)
         fused = None
-        if self._fused_cats and dev.type == "cpu" and dtype in _FUSED_DTYPES:
-            kernel = _cpu_kernel.load()
-            fused = kernel(t) if kernel is not None else None
-            if fused is not None and self._fused_cats == len(self._cats):
+        if kernel is not None and dev.type == "cpu" and dtype in _FUSED_DTYPES:
+            fused = kernel(t)
+            if fused is not None and self._all_fused:
                 return self._known([get(fused, n) for get in self._fused_getters], dtype)
         if t.requires_grad:
             t, ordered = t.detach(), ordered.detach()       # detach costs ~5 us; needed only then
@@ -380,8 +377,8 @@ class DeviceStatsBatch:
         f0, i0 = len(floats), len(ints)
         plan = []
         ctx = _Ctx(ordered, self.precision)     # detached: no autograd graph is recorded
-        for c in self._cats:
-            r = _FUSED[c.name](fused, n) if fused is not None and c.name in _FUSED else c.device(ctx)
+        for c, get in zip(self._cats, self._fused_getters):
+            r = get(fused, n) if fused is not None and get is not None else c.device(ctx)
             if not isinstance(r, torch.Tensor):
                 plan.append(("v", r))
             elif r.dtype.is_floating_point:
@@ -401,14 +398,11 @@ class DeviceStatsBatch:
         self._dtypes.append(dtype)
         return len(self._entries) - 1
 
-    def _small_kernel(self):
-        """The CPU kernel when every category comes from it (the small-tensor fast path);
-        resolved at the first tensor (building the kernel is not paid by CUDA-only runs)."""
-        kernel = None
-        if self._cats and self._fused_cats == len(self._cats):
-            kernel = _cpu_kernel.load()
-        self._kernel = kernel
-        return kernel
+    def _resolve_kernel(self):
+        """The CPU kernel if some category comes from it, else None; resolved at the first
+        tensor (building the kernel is not paid by CUDA-only runs)."""
+        self._kernel = _cpu_kernel.load() if self._use_kernel else None
+        return self._kernel
 
     def collect(self) -> List[List[Any]]:
         """Per added tensor, its values in category order (float, int or None).
