@@ -96,6 +96,10 @@ def _row_middle(io: str, slot: int, dtype: torch.dtype, shape: torch.Size) -> st
     return "," + encode_fields((io, str(slot), str(_nbytes(dtype, shape)), dtype_name(dtype), _shape_text(shape))) + ","
 
 
+#: what one statistic.csv row is reckoned to hold until it is written (its text and metadata)
+_ROW_BYTES = 256
+
+
 def stream_id_of(t: torch.Tensor) -> int:
     if t.is_cuda:
         return int(torch.cuda.current_stream(t.device).stream_id)
@@ -315,7 +319,10 @@ class Recorder:
                 return
             device_cells = self.stats.device_gather()     # the one sync; formatting is left to the writer
         for folder, rows in pending.items():
-            self.writer.submit(lambda folder=folder, rows=rows: self._write_rows(folder, rows, device_cells))
+            # the rows' text counts against the writer's byte budget: a writer that falls
+            # behind (it runs at the lowest priority) holds the training thread back, bounded
+            self.writer.submit(lambda folder=folder, rows=rows: self._write_rows(folder, rows, device_cells),
+                               len(rows) * _ROW_BYTES)
 
     def _statistic_csv(self, folder: str) -> StatisticCsv:
         with self._csv_lock:
@@ -333,7 +340,7 @@ class Recorder:
         if stats.device_only:           # the common case: the cells are the device cells, in order
             # Built with map/zip over columns: no Python bytecode per row, so this thread
             # does not trade the GIL with the training thread row by row.
-            cells = dict(enumerate(map(",".join, device_cells.lists())))     # numbers: never quoted
+            cells = dict(enumerate(device_cells.joined()))
             cells[None] = "," * (len(stats.categories) - 1)
             metas, handles, _ = zip(*batch)
             op_types, op_names, streams, stamps, ios, slots, dtypes, shapes = zip(*metas)

@@ -1,11 +1,15 @@
 """The writer's byte budget and the recycled host buffers: bounded memory, exact files."""
+import os
+import sys
 import threading
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
 import opdump
+from opdump.capture.eager import EagerCapture
 from opdump.write.buffers import HostBuffers
 from opdump.write.writer import BackgroundWriter
 from dumpfiles import tensor_files
@@ -74,3 +78,41 @@ def test_closed_pool_keeps_nothing():
     c = pool.copy_of(torch.ones(1 << 18))
     c.release()
     assert pool.free_bytes == 0
+
+
+def _nice_of_thread(tid: int) -> int:
+    with open(f"/proc/self/task/{tid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[16])          # field 19 of proc(5), counted after the ")" of the name
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness is Linux's")
+def test_writer_threads_run_at_the_lowest_priority_and_the_caller_does_not():
+    before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    writer = BackgroundWriter(budget_bytes=1 << 20, threads=2)
+    try:
+        tids = [writer.submit(threading.get_native_id).result() for _ in range(4)]
+    finally:
+        writer.close()
+    assert threading.get_native_id() not in tids
+    assert all(_nice_of_thread(tid) == 19 for tid in set(tids) if os.path.exists(f"/proc/self/task/{tid}"))
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
+
+
+def test_statistic_rows_count_against_the_writer_budget(tmp_path):
+    """A statistics-only dump holds the training thread back when the (low-priority) writer
+    falls behind: its rows are reckoned in the byte budget, released once written."""
+    cfg = write_config(tmp_path, {"saved_data": "statistic"}, e2e={"stat_calc_mode": "device"})
+    seen = []
+    with opdump.Session(cfg) as s:
+        original = s.writer.submit
+
+        def spy(fn, nbytes=0, **kw):
+            seen.append(nbytes)
+            return original(fn, nbytes, **kw)
+        s.writer.submit = spy
+        with EagerCapture(s):
+            nn.Linear(4, 3)(torch.randn(2, 4))
+        s.writer.flush()
+        assert s.writer.held == 0
+    assert any(n > 0 for n in seen)

@@ -240,6 +240,11 @@ pybind11::object fused_stats(const at::Tensor& x) {
 
 }  // namespace
 
+// cell_text.cpp, built into the same module
+std::vector<std::string> format_cells(const pybind11::list& entries, const std::vector<int>& precisions,
+                                      const std::vector<int>& kinds, const std::vector<int>& fused);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fused_stats", &fused_stats, "max, min, sum, sum of squares of a dense CPU float tensor");
+  m.def("format_cells", &format_cells, "statistic.csv cells of each entry, joined by ','");
 }

@@ -1,7 +1,9 @@
-"""The one-pass CPU statistics kernel (``cpu_kernel.cpp``), built on first use.
+"""opdump's native module (``cpu_kernel.cpp`` + ``cell_text.cpp``), built on first use.
 
-:func:`load` gives the kernel's ``fused_stats(tensor)``, or None when it is not
-available; ``fused_stats`` gives ``(max, min, sum, sum of squares)`` of a dense CPU
+:func:`load` gives the one-pass CPU statistics kernel ``fused_stats(tensor)``, or
+None when the module is not available; :func:`cell_formatter` its
+``format_cells`` (statistic.csv cells as text, see ``cell_text.cpp`` and
+:mod:`.formatting`).  ``fused_stats`` gives ``(max, min, sum, sum of squares)`` of a dense CPU
 float32/bfloat16/float16 tensor in one read of its memory, or None for a tensor it
 does not handle (see the guarantees at the top of ``cpu_kernel.cpp``).  On this project's
 2-core CPU it is 2–4x faster than the torch reductions it replaces (aminmax +
@@ -29,10 +31,11 @@ from typing import Callable, Optional
 
 import torch
 
-_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_kernel.cpp")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_SOURCES = [os.path.join(_HERE, "cpu_kernel.cpp"), os.path.join(_HERE, "cell_text.cpp")]
 _lock = threading.Lock()
 _loaded = False
-_fn: Optional[Callable] = None
+_module = None
 
 
 def _cpu_flags() -> str:
@@ -48,9 +51,12 @@ def _cpu_flags() -> str:
 
 
 def _module_name() -> str:
-    with open(_SOURCE, "rb") as f:
-        digest = hashlib.sha256(f.read() + _cpu_flags().encode() + torch.__version__.encode()).hexdigest()
-    return f"opdump_cpu_stats_{digest[:12]}"
+    h = hashlib.sha256()
+    for source in _SOURCES:
+        with open(source, "rb") as f:
+            h.update(f.read())
+    h.update(_cpu_flags().encode() + torch.__version__.encode())
+    return f"opdump_cpu_stats_{h.hexdigest()[:12]}"
 
 
 def _ninja_dir() -> Optional[str]:
@@ -71,13 +77,31 @@ def enabled_by_environment() -> bool:
 
 
 def load() -> Optional[Callable]:
-    """The kernel's ``fused_stats`` function, building it if needed; None if unavailable."""
-    global _loaded, _fn
+    """The kernel's ``fused_stats`` function, building the module if needed; None if unavailable."""
+    module = load_module()
+    return None if module is None else module.fused_stats
+
+
+def cell_formatter() -> Optional[Callable]:
+    """The module's ``format_cells``, building the module if needed; None if unavailable."""
+    module = load_module()
+    return None if module is None else module.format_cells
+
+
+def loaded_cell_formatter() -> Optional[Callable]:
+    """``format_cells`` if the module is already loaded, else None (never builds it: a
+    run that never read a CPU tensor does not pay the build to format cells)."""
+    return _module.format_cells if _loaded and _module is not None else None
+
+
+def load_module():
+    """The native module, building it if needed; None if unavailable (said once, by a warning)."""
+    global _loaded, _module
     if _loaded:
-        return _fn
+        return _module
     with _lock:
         if _loaded:
-            return _fn
+            return _module
         if enabled_by_environment():
             path = os.environ.get("PATH")
             ninja_dir = _ninja_dir()
@@ -86,10 +110,10 @@ def load() -> Optional[Callable]:
                 if ninja_dir:           # for the build only; restored below
                     os.environ["PATH"] = ninja_dir + os.pathsep + (path or "")
                 module = load_extension(
-                    name=_module_name(), sources=[_SOURCE],
+                    name=_module_name(), sources=_SOURCES,
                     extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
                     verbose=False)
-                _fn = module.fused_stats
+                _module = module
             except Exception as exc:  # noqa: BLE001 - any build failure: say it once, use torch
                 first = str(exc).strip().splitlines()
                 warnings.warn(
@@ -97,7 +121,7 @@ def load() -> Optional[Callable]:
                     f"({type(exc).__name__}: {first[0] if first else ''}); statistics are computed "
                     "with torch reductions instead (slower). Set OPDUMP_CPU_KERNEL=0 to skip the build.",
                     RuntimeWarning, stacklevel=2)
-                _fn = None
+                _module = None
             finally:
                 if ninja_dir:
                     if path is None:
@@ -105,4 +129,4 @@ def load() -> Optional[Callable]:
                     else:
                         os.environ["PATH"] = path
         _loaded = True
-        return _fn
+        return _module

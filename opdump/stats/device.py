@@ -345,8 +345,8 @@ class DeviceStatsBatch:
             kernel = self._resolve_kernel()
         if kernel is not None and self._all_fused and n < _SMALL and t.is_cpu and dtype in _FUSED_DTYPES:
             fused = kernel(t) if n else None
-            if fused is not None:
-                return self._known([get(fused, n) for get in self._fused_getters], dtype)
+            if fused is not None:       # kept as the kernel gave it; values are derived when read
+                return self._known(fused + (n,), dtype)
         if not supported_dtype(dtype) or not self._cats:
             return self._known([None] * len(self._cats), dtype)
         if n == 0:
@@ -369,7 +369,7 @@ class DeviceStatsBatch:
         if kernel is not None and dev.type == "cpu" and dtype in _FUSED_DTYPES:
             fused = kernel(t)
             if fused is not None and self._all_fused:
-                return self._known([get(fused, n) for get in self._fused_getters], dtype)
+                return self._known(fused + (n,), dtype)
         if t.requires_grad:
             t, ordered = t.detach(), ordered.detach()       # detach costs ~5 us; needed only then
         floats = self._floats.setdefault(dev, [])
@@ -392,8 +392,9 @@ class DeviceStatsBatch:
         self._dtypes.append(dtype)
         return index
 
-    def _known(self, values: List[Any], dtype: torch.dtype) -> int:
-        """An entry whose values are known without any kernel to wait for."""
+    def _known(self, values, dtype: torch.dtype) -> int:
+        """An entry whose values are known without any kernel to wait for: the list of its
+        values, or the CPU kernel's ``(max, min, sum, sum of squares, numel)`` tuple."""
         self._entries.append(values)
         self._dtypes.append(dtype)
         return len(self._entries) - 1
@@ -436,7 +437,7 @@ class DeviceStatsBatch:
             buf = (parts[0] if len(parts) == 1 else torch.cat(parts)).cpu().numpy()
             nf = len(floats)
             host[dev] = (buf[:nf].view(np.float64), buf[nf:])
-        return Gathered(host, list(self._entries), list(self._dtypes), self._cats)
+        return Gathered(host, list(self._entries), list(self._dtypes), self._cats, self._fused_getters)
 
     def forget(self, tensor: torch.Tensor) -> None:
         """``tensor`` is being written in place (inside the operator's dispatch its version
@@ -458,18 +459,23 @@ class DeviceStatsBatch:
 class Gathered:
     """The values of one batch, on the host; :meth:`values` unpacks them per tensor."""
 
-    def __init__(self, host: Dict[torch.device, tuple], entries: List[Any], dtypes: List[torch.dtype], cats):
+    def __init__(self, host: Dict[torch.device, tuple], entries: List[Any], dtypes: List[torch.dtype], cats,
+                 fused_getters):
         self._host = host
         self._entries = entries
         self._cats = cats
+        self._fused_getters = fused_getters
+        self.categories = tuple(c.name for c in cats)
         self.dtypes = dtypes
 
-    def values(self) -> List[List[Any]]:
+    def entries(self) -> List[Any]:
+        """Per tensor, the list of its values in category order, or the CPU kernel's
+        ``(max, min, sum, sum of squares, numel)`` tuple (see :meth:`values`)."""
         host = self._host
-        out: List[List[Any]] = []
+        out: List[Any] = []
         offsets = {dev: [0, 0] for dev in host}
         for e in self._entries:
-            if type(e) is list:
+            if type(e) is not _Entry:
                 out.append(e)
                 continue
             fvals, ivals = host[e.device]
@@ -487,3 +493,8 @@ class Gathered:
             off[1] += e.nint
             out.append(row)
         return out
+
+    def values(self) -> List[List[Any]]:
+        """Per tensor, its values in category order."""
+        getters = self._fused_getters
+        return [[get(e, e[4]) for get in getters] if type(e) is tuple else e for e in self.entries()]

@@ -27,7 +27,8 @@ import torch
 
 from .categories import lookup, statistic_header
 from .device import PRECISIONS, DeviceStatsBatch
-from .formatting import cell_formatter, format_cell
+from . import cpu_kernel
+from .formatting import cell_formatter, format_cell, native_codes, native_precision
 from .host import reduce_tensor
 
 MODES = ("host", "device")
@@ -147,6 +148,7 @@ class DeviceCells:
         self.categories = tuple(categories)
         self._cats = [lookup(c) for c in categories]
         self._lists: Optional[List[List[str]]] = None
+        self._joined: Optional[List[str]] = None
         self._lock = threading.Lock()
 
     def lists(self) -> List[List[str]]:
@@ -166,8 +168,25 @@ class DeviceCells:
                             fmt = formatters[dt] = [cell_formatter(k, dt) for k in kinds]
                         lists.append([f(v) for f, v in zip(fmt, vals)])
                     self._lists = lists
-                    self._gathered = None
             return self._lists
+
+    def joined(self) -> List[str]:
+        """Per handle, its cells joined by ``,`` (numbers and empty cells: nothing to quote).
+
+        Written by the native formatter (``cell_text.cpp``, the same text ~10x faster) when
+        opdump's native module is loaded, else from :meth:`lists`."""
+        with self._lock:
+            if self._joined is None:
+                native = cpu_kernel.loaded_cell_formatter()
+                g = self._gathered
+                if native is not None and g is not None:
+                    kinds, fused = native_codes(self._cats)
+                    self._joined = native(g.entries(), list(map(native_precision, g.dtypes)), kinds, fused)
+        if self._joined is None:
+            joined = list(map(",".join, self.lists()))
+            with self._lock:
+                self._joined = joined
+        return self._joined
 
     def cells(self) -> List[Dict[str, str]]:
         """Per handle, ``{category: cell}``."""

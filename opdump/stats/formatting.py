@@ -30,6 +30,10 @@ Numbers
       complex tensor, ``finite max`` of a tensor without finite element) is an
       empty cell.
 
+The same text is written by opdump's native module (``cell_text.cpp``), when it is
+built, for every cell of a row at once; :func:`native_precision` and
+:func:`native_codes` give it what it needs.
+
 Shapes
     MindSpore's style (``tensor_stat_dump.cc``): ``(d0,d1,...)`` without spaces;
     a 1-dim tensor is ``(5)`` (no trailing comma), a 0-dim tensor ``()``.
@@ -146,3 +150,23 @@ def cell_formatter(kind: str, dtype: Optional[torch.dtype]) -> Callable[[Any], s
     if kind == "count":
         return format_count
     return _text                    # "text" (md5 hex digest)
+
+
+# ------------------------------------------------------------------ the native formatter's codes
+# (cell_text.cpp's Kind, Precision and Fused enums)
+_NATIVE_KINDS = {"element": 0, "computed": 1, "count": 2, "text": 3}
+_NATIVE_PRECISIONS = {None: 0, np.float16: 1, np.float32: 2, np.float64: 3}
+_NATIVE_FUSED = {"max": 0, "min": 1, "avg": 2, "l2norm": 3, "count": 4}
+
+
+@functools.lru_cache(maxsize=None)
+def native_precision(dtype: torch.dtype) -> int:
+    """How ``cell_text.cpp`` writes an element of ``dtype`` (as :func:`element_format_dtype`)."""
+    return _NATIVE_PRECISIONS[element_format_dtype(dtype)]
+
+
+def native_codes(cats) -> tuple:
+    """``(kinds, fused)`` codes of ``cell_text.cpp`` for categories ``cats``
+    (:class:`~opdump.stats.categories.Category`): each one's kind, and which value of the
+    CPU kernel's tuple gives it (-1: none)."""
+    return ([_NATIVE_KINDS[c.kind] for c in cats], [_NATIVE_FUSED.get(c.name, -1) for c in cats])

@@ -11,19 +11,39 @@ A failing job (disk full, permission denied) does not stop training: the first
 error is kept, reported once as a warning, and from then on :attr:`failed` is
 true so the session stops dumping; ``close`` re-raises nothing but returns the
 errors, so the caller decides.
+
+The writer threads run at the lowest CPU priority (nice +19, Linux; niceness is per
+thread there): on a machine whose cores the training step keeps busy (its own
+intra-op threads), the writer takes the idle moments instead of pre-empting the
+step, and it still runs whenever the step waits (on the byte budget above, at a
+flush).  Measured on the 2-core bench machine: AlexNet's statistic dump 1.96x ->
+1.76x of the eager step, the same work done.
 """
 from __future__ import annotations
 
 import concurrent.futures as cf
+import os
+import sys
 import threading
 import warnings
 from typing import Any, Callable, List, Optional
 
 
+def _lowest_priority() -> None:
+    """Nice +19 for the calling thread (Linux, where ``setpriority`` of a thread id is
+    that thread's own); a scheduling hint, so elsewhere, or if refused, nothing changes."""
+    if sys.platform.startswith("linux"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except OSError:
+            pass
+
+
 class BackgroundWriter:
     def __init__(self, budget_bytes: int = 256 << 20, threads: int = 2):
         self.budget = max(1, int(budget_bytes))
-        self._pool = cf.ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="opdump-writer")
+        self._pool = cf.ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="opdump-writer",
+                                           initializer=_lowest_priority)
         self._held = 0
         self._cond = threading.Condition()
         self._pending: set = set()
