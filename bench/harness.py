@@ -34,6 +34,7 @@ class Side:
     exit: Optional[Callable[[], None]] = None       # after each block (untimed)
     drain: Optional[Callable[[], None]] = None      # after each block, timed apart (writer flush)
     after_block: Optional[Callable[[], None]] = None  # after drain, untimed (delete old files)
+    warm_steps: int = 0                             # untimed steps at the start of each block
     times: List[float] = field(default_factory=list)
     cpu: List[float] = field(default_factory=list)      # process CPU seconds per step (all threads)
     blocks: List[List[float]] = field(default_factory=list)
@@ -63,6 +64,8 @@ def run_block(side: Side, n: int) -> None:
         side.enter()
     block: List[float] = []
     try:
+        for _ in range(side.warm_steps):
+            side.step()
         for _ in range(n):
             c0 = time.process_time()
             t0 = time.perf_counter()
