@@ -57,7 +57,9 @@ class Session:
         self.config = config
         self._check_supported(config)
         self.selector = OpSelector(config)
-        self.writer = BackgroundWriter(config.writer_queue_mb << 20, config.writer_threads)
+        # statistics only: a little CPU work per step, done in the step's idle moments
+        self.writer = BackgroundWriter(config.writer_queue_mb << 20, config.writer_threads,
+                                       low_priority=not config.dump_tensors)
         self.recorder = Recorder(self)
         fallback = self.recorder.stats.fallback_warning() if self.recorder.stats is not None else None
         if fallback:

@@ -86,17 +86,25 @@ def _nice_of_thread(tid: int) -> int:
     return int(fields[16])          # field 19 of proc(5), counted after the ")" of the name
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness is Linux's")
-def test_writer_threads_run_at_the_lowest_priority_and_the_caller_does_not():
-    before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    writer = BackgroundWriter(budget_bytes=1 << 20, threads=2)
+def _writer_nices(writer):
     try:
         tids = [writer.submit(threading.get_native_id).result() for _ in range(4)]
+        nices = {tid: _nice_of_thread(tid) for tid in set(tids)}
     finally:
         writer.close()
     assert threading.get_native_id() not in tids
-    assert all(_nice_of_thread(tid) == 19 for tid in set(tids) if os.path.exists(f"/proc/self/task/{tid}"))
+    return set(nices.values())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness is Linux's")
+def test_statistics_only_writer_runs_at_the_lowest_priority_tensor_writer_does_not(tmp_path):
+    before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert _writer_nices(BackgroundWriter(budget_bytes=1 << 20, threads=2, low_priority=True)) == {19}
+    assert _writer_nices(BackgroundWriter(budget_bytes=1 << 20, threads=2)) == {before}
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
+    for saved, nice in (("statistic", 19), ("tensor", before), ("full", before)):
+        with opdump.Session(write_config(tmp_path, {"saved_data": saved})) as s:
+            assert _writer_nices(s.writer) == {nice}
 
 
 def test_statistic_rows_count_against_the_writer_budget(tmp_path):
