@@ -193,28 +193,35 @@ def sync_disk() -> None:
         pass
 
 
-def numpy_save_rate(arrays: List[np.ndarray], folder: str, rounds: int, per_round: int) -> Dict:
-    """bytes/s of a plain ``numpy.save`` loop writing ``arrays`` ``per_round`` times per round,
-    up to an ``os.sync()`` that ends each round."""
-    nbytes = sum(a.nbytes for a in arrays)
-    total_bytes = 0
-    total_time = 0.0
-    files = 0
-    for r in range(rounds):
+class NumpySaveBaseline:
+    """A plain ``numpy.save`` loop writing ``arrays``, one round after each block of the dump
+    it is compared with (so both see the same disk and page-cache state); a round writes
+    the arrays ``times`` times, up to an ``os.sync()`` inside its timing."""
+
+    def __init__(self, arrays: List[np.ndarray], folder: str):
+        self.arrays = arrays
+        self.folder = folder
+        self.bytes = 0
+        self.seconds = 0.0
+        self.files = 0
+
+    def round(self, times: int) -> None:
         sync_disk()
-        target = os.path.join(folder, f"npsave-{r}")
+        target = os.path.join(self.folder, f"npsave-{self.files}")
         os.makedirs(target, exist_ok=True)
         t0 = time.perf_counter()
-        for k in range(per_round):
-            for i, a in enumerate(arrays):
+        for k in range(times):
+            for i, a in enumerate(self.arrays):
                 np.save(os.path.join(target, f"a{k}-{i}.npy"), a, allow_pickle=False)
-                files += 1
+                self.files += 1
         sync_disk()             # timed: the bytes reach the disk, as the dump's drain makes them
-        total_time += time.perf_counter() - t0
-        total_bytes += nbytes * per_round
+        self.seconds += time.perf_counter() - t0
+        self.bytes += sum(a.nbytes for a in self.arrays) * times
         shutil.rmtree(target, ignore_errors=True)
-    return {"bytes": total_bytes, "seconds": total_time, "files": files,
-            "rate": total_bytes / total_time if total_time > 0 else float("nan")}
+
+    @property
+    def rate(self) -> float:
+        return self.bytes / self.seconds if self.seconds > 0 else float("nan")
 
 
 # --------------------------------------------------------------------------- machine

@@ -319,8 +319,8 @@ class Recorder:
                 return
             device_cells = self.stats.device_gather()     # the one sync; formatting is left to the writer
         for folder, rows in pending.items():
-            # the rows' text counts against the writer's byte budget: a writer that falls
-            # behind (it runs at the lowest priority) holds the training thread back, bounded
+            # the rows' text counts against the writer's byte budget: a writer that falls behind
+            # (statistics-only sessions run it at the lowest priority) holds the training thread back
             self.writer.submit(lambda folder=folder, rows=rows: self._write_rows(folder, rows, device_cells),
                                len(rows) * _ROW_BYTES)
 

@@ -153,6 +153,17 @@ void numpy_str(std::string& out, double v, Precision p) {
   else scientific(out, v < 0, d);
 }
 
+// str(obj), as Python writes it.
+void append_str(std::string& out, PyObject* obj) {
+  PyObject* s = PyObject_Str(obj);
+  if (!s) throw pybind11::error_already_set();
+  Py_ssize_t len = 0;
+  const char* c = PyUnicode_AsUTF8AndSize(s, &len);
+  if (c) out.append(c, static_cast<size_t>(len));
+  Py_DECREF(s);
+  if (!c) throw pybind11::error_already_set();
+}
+
 void integer(std::string& out, PyObject* obj) {
   int overflow = 0;
   long long i = 0;
@@ -170,14 +181,8 @@ void integer(std::string& out, PyObject* obj) {
   // anything else: str(int(obj)), exactly as Python does
   PyObject* as_int = PyNumber_Long(obj);
   if (!as_int) throw pybind11::error_already_set();
-  PyObject* s = PyObject_Str(as_int);
+  append_str(out, as_int);
   Py_DECREF(as_int);
-  if (!s) throw pybind11::error_already_set();
-  Py_ssize_t len = 0;
-  const char* c = PyUnicode_AsUTF8AndSize(s, &len);
-  if (c) out.append(c, static_cast<size_t>(len));
-  Py_DECREF(s);
-  if (!c) throw pybind11::error_already_set();
 }
 
 double as_double(PyObject* obj) {
@@ -201,15 +206,7 @@ void cell(std::string& out, PyObject* obj, int kind, int precision) {
     }
     case kComputed: repr_double(out, as_double(obj)); return;
     case kCount: integer(out, obj); return;
-    default: {
-      PyObject* s = PyObject_Str(obj);
-      if (!s) throw pybind11::error_already_set();
-      Py_ssize_t len = 0;
-      const char* c = PyUnicode_AsUTF8AndSize(s, &len);
-      if (c) out.append(c, static_cast<size_t>(len));
-      Py_DECREF(s);
-      if (!c) throw pybind11::error_already_set();
-    }
+    default: append_str(out, obj);
   }
 }
 

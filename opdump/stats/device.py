@@ -465,7 +465,6 @@ class Gathered:
         self._entries = entries
         self._cats = cats
         self._fused_getters = fused_getters
-        self.categories = tuple(c.name for c in cats)
         self.dtypes = dtypes
 
     def entries(self) -> List[Any]:
