@@ -12,10 +12,11 @@ if ! .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+
   .venv/bin/python -m pip install -q "torch==2.13.0"
 fi
 .venv/bin/python -m pip install -q -e ".[test]"
-# The one-pass CPU statistics kernel (opdump/stats/cpu_kernel.cpp), compiled once per
-# machine into ~/.cache/torch_extensions; without a compiler opdump warns and uses torch.
+# opdump's native module (opdump/stats/cpu_kernel.cpp: the one-pass CPU statistics kernel;
+# cell_text.cpp: statistic.csv cell text), compiled once per machine into
+# ~/.cache/torch_extensions; without a compiler opdump warns and uses torch and Python.
 .venv/bin/python - <<'PY'
 from opdump.stats import cpu_kernel
 if cpu_kernel.enabled_by_environment() and cpu_kernel.load() is None:
-    print("opdump: the CPU statistics kernel was not built (see the warning above); torch reductions will be used")
+    print("opdump: the native module was not built (see the warning above); torch reductions and Python will be used")
 PY

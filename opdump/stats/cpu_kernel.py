@@ -117,9 +117,10 @@ def load_module():
             except Exception as exc:  # noqa: BLE001 - any build failure: say it once, use torch
                 first = str(exc).strip().splitlines()
                 warnings.warn(
-                    "opdump: the CPU statistics kernel could not be built "
-                    f"({type(exc).__name__}: {first[0] if first else ''}); statistics are computed "
-                    "with torch reductions instead (slower). Set OPDUMP_CPU_KERNEL=0 to skip the build.",
+                    "opdump: the native module (CPU statistics kernel, statistic.csv cell text) could not "
+                    f"be built ({type(exc).__name__}: {first[0] if first else ''}); statistics are computed "
+                    "with torch reductions and written by Python instead (slower). "
+                    "Set OPDUMP_CPU_KERNEL=0 to skip the build.",
                     RuntimeWarning, stacklevel=2)
                 _module = None
             finally:
