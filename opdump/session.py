@@ -27,6 +27,7 @@ import torch
 from .config import ConfigError, DumpConfig, load_config
 from .recorder import Recorder
 from .select import OpSelector
+from .stats.engine import host_categories
 from .version import __version__
 from .write.layout import Layout
 from .write.writer import BackgroundWriter
@@ -57,9 +58,11 @@ class Session:
         self.config = config
         self._check_supported(config)
         self.selector = OpSelector(config)
-        # statistics only: a little CPU work per step, done in the step's idle moments
-        self.writer = BackgroundWriter(config.writer_queue_mb << 20, config.writer_threads,
-                                       low_priority=not config.dump_tensors)
+        # device statistics only: a little CPU work per step (rows of text), done in the step's
+        # idle moments; files and host statistics must keep up with the step
+        light = not config.dump_tensors and not (
+            config.dump_statistics and host_categories(config.statistic_category, config.stat_calc_mode))
+        self.writer = BackgroundWriter(config.writer_queue_mb << 20, config.writer_threads, low_priority=light)
         self.recorder = Recorder(self)
         fallback = self.recorder.stats.fallback_warning() if self.recorder.stats is not None else None
         if fallback:

@@ -102,9 +102,15 @@ def test_statistics_only_writer_runs_at_the_lowest_priority_tensor_writer_does_n
     assert _writer_nices(BackgroundWriter(budget_bytes=1 << 20, threads=2, low_priority=True)) == {19}
     assert _writer_nices(BackgroundWriter(budget_bytes=1 << 20, threads=2)) == {before}
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
-    for saved, nice in (("statistic", 19), ("tensor", before), ("full", before)):
-        with opdump.Session(write_config(tmp_path, {"saved_data": saved})) as s:
-            assert _writer_nices(s.writer) == {nice}
+    # low priority only for device statistics: files and host statistics must keep up with the step
+    for saved, mode, nice in (("statistic", "device", 19), ("statistic", "host", before),
+                              ("tensor", "device", before), ("full", "device", before)):
+        with opdump.Session(write_config(tmp_path, {"saved_data": saved}, e2e={"stat_calc_mode": mode})) as s:
+            assert _writer_nices(s.writer) == {nice}, (saved, mode)
+    md5 = write_config(tmp_path, {"saved_data": "statistic", "statistic_category": ["max", "md5"]},
+                       e2e={"stat_calc_mode": "device"})
+    with pytest.warns(UserWarning, match="md5"), opdump.Session(md5) as s:      # md5 is computed on the host
+        assert _writer_nices(s.writer) == {before}
 
 
 def test_statistic_rows_count_against_the_writer_budget(tmp_path):

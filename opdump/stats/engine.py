@@ -21,7 +21,7 @@ Usage by the capture side::
 from __future__ import annotations
 
 import threading
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -32,6 +32,13 @@ from .formatting import cell_formatter, format_cell, native_codes, native_precis
 from .host import reduce_tensor
 
 MODES = ("host", "device")
+
+
+def host_categories(categories: Sequence[str], stat_calc_mode: str) -> Tuple[str, ...]:
+    """The categories computed on the host, from a CPU copy of each tensor: all of them in
+    ``"host"`` mode; in ``"device"`` mode those without a device computation (``md5``)."""
+    cats = [lookup(c) for c in categories]
+    return tuple(c.name for c in cats if stat_calc_mode != "device" or not c.device_capable)
 
 
 class StatsEngine:
@@ -53,9 +60,8 @@ class StatsEngine:
         self.mode = stat_calc_mode
         self.precision = precision
         self._cats = cats
-        on_device = stat_calc_mode == "device"
-        self.device_categories = tuple(c.name for c in cats if on_device and c.device_capable)
-        self.host_categories = tuple(c.name for c in cats if c.name not in self.device_categories)
+        self.host_categories = host_categories(self.categories, stat_calc_mode)
+        self.device_categories = tuple(c for c in self.categories if c not in self.host_categories)
         self._host_cats = [lookup(c) for c in self.host_categories]
         self._batch = DeviceStatsBatch(self.device_categories, precision) if self.device_categories else None
         self._lock = threading.Lock()
