@@ -9,7 +9,7 @@
 // float16 value, millions of float32/float64 bit patterns):
 // * floats are written with the shortest decimal that round-trips in the
 //   precision of the cell: std::to_chars (Ryu) for float32 and float64, a
-//   search over 1..5 digits for float16 (the closest of the shortest);
+//   search over 1..6 digits for float16 (the closest of the shortest);
 // * notation: Python's repr for float64 (positional when the decimal exponent
 //   is in [-4, 16)); numpy's str for float32 / float16 elements (positional when
 //   1e-4 <= |x| < 1e6 / 1e3); "nan", "inf", "-inf"; a zero element is "0.0";
@@ -26,7 +26,7 @@
 
 namespace {
 
-// Codes shared with formatting.py (NATIVE_* there).
+// Codes shared with formatting.py (its _NATIVE_* tables).
 enum Kind { kElement = 0, kComputed = 1, kCount = 2, kText = 3 };
 enum Precision { kInteger = 0, kHalf = 1, kSingle = 2, kDouble = 3 };
 enum Fused { kMax = 0, kMin = 1, kAvg = 2, kL2 = 3, kNumel = 4 };
