@@ -74,18 +74,12 @@ def _shape_text(shape: torch.Size) -> str:
     return format_shape(shape)
 
 
-def _row_prefix(op_type, op_name, stream, ts, io, slot, dtype, shape) -> List[str]:
-    """The cells of a statistic.csv row before the statistics (from what _queue_row kept)."""
-    return [op_type, op_name, "0", str(stream), str(ts), io, str(slot), str(_nbytes(dtype, shape)),
-            dtype_name(dtype), _shape_text(shape)]
-
-
 def _nbytes(dtype: torch.dtype, shape: torch.Size) -> int:
     return math.prod(shape) * dtype.itemsize
 
 
-# The text of a row around its timestamp, encoded once per operator / tensor kind: a
-# device-only row is then head + timestamp + middle + its cells, with no CSV work per row.
+# The text of a row around its timestamp, encoded once per operator / tensor kind: a row
+# is then head + timestamp + middle + its statistic cells, with no CSV work per row.
 @functools.lru_cache(maxsize=65536)
 def _row_head(op_type: str, op_name: str, stream: int) -> str:
     return encode_fields((op_type, op_name, "0", str(stream))) + ","
@@ -140,8 +134,7 @@ class Recorder:
         self._warned: set = set()
         self.tensors_recorded = 0      # tensors recorded (the bench reports it per step)
         # statistics computed on the device only: no host copy, no file (the fast path of record)
-        self._statistics_only = (self.stats is not None and not cfg.dump_tensors
-                                 and not self.stats.needs_host_copy)
+        self._statistics_only = session.device_statistics_only
 
     # ------------------------------------------------------------------ tensors
     def record(self, folder: str, op: OpInfo, io: str, slot: int, tensor: torch.Tensor) -> None:
@@ -335,24 +328,20 @@ class Recorder:
             return csv
 
     def _write_rows(self, folder: str, batch, device_cells) -> None:
-        csv = self._statistic_csv(folder)
         stats = self.stats
+        metas, handles, futures = zip(*batch)
         if stats.device_only:           # the common case: the cells are the device cells, in order
-            # Built with map/zip over columns: no Python bytecode per row, so this thread
-            # does not trade the GIL with the training thread row by row.
             cells = dict(enumerate(device_cells.joined()))
             cells[None] = "," * (len(stats.categories) - 1)
-            metas, handles, _ = zip(*batch)
-            op_types, op_names, streams, stamps, ios, slots, dtypes, shapes = zip(*metas)
-            lines = map("".join, zip(map(_row_head, op_types, op_names, streams), map(str, stamps),
-                                     map(_row_middle, ios, slots, dtypes, shapes),
-                                     map(cells.__getitem__, handles)))
-            csv.append_encoded(("\n".join(lines) + "\n").encode("utf-8"))
-            return
-        cells = device_cells.cells()
-        rows = []
-        for meta, h, fut in batch:
-            dev = None if h is None else cells[h]
-            host = fut.result() if fut is not None else None
-            rows.append(_row_prefix(*meta) + stats.row_cells(dev, host))
-        csv.append_rows(rows)
+            tails = map(cells.__getitem__, handles)
+        else:
+            dev = device_cells.cells()
+            tails = [",".join(stats.row_cells(None if h is None else dev[h], None if f is None else f.result()))
+                     for h, f in zip(handles, futures)]
+        # Built with map/zip over columns: no Python bytecode per row, so this thread does not
+        # trade the GIL with the training thread row by row.  Statistic cells are numbers, md5
+        # hex digests or empty: nothing in them needs CSV quoting.
+        op_types, op_names, streams, stamps, ios, slots, dtypes, shapes = zip(*metas)
+        lines = map("".join, zip(map(_row_head, op_types, op_names, streams), map(str, stamps),
+                                 map(_row_middle, ios, slots, dtypes, shapes), tails))
+        self._statistic_csv(folder).append_encoded(("\n".join(lines) + "\n").encode("utf-8"))

@@ -58,11 +58,13 @@ class Session:
         self.config = config
         self._check_supported(config)
         self.selector = OpSelector(config)
-        # device statistics only: a little CPU work per step (rows of text), done in the step's
-        # idle moments; files and host statistics must keep up with the step
-        light = not config.dump_tensors and not (
-            config.dump_statistics and host_categories(config.statistic_category, config.stat_calc_mode))
-        self.writer = BackgroundWriter(config.writer_queue_mb << 20, config.writer_threads, low_priority=light)
+        #: only statistics computed on the device are dumped: no host copy, no file; the writer's
+        #: work is a few rows of text per step, done in the step's idle moments (files and host
+        #: statistics must keep up with the step)
+        self.device_statistics_only = (config.dump_statistics and not config.dump_tensors and not
+                                       host_categories(config.statistic_category, config.stat_calc_mode))
+        self.writer = BackgroundWriter(config.writer_queue_mb << 20, config.writer_threads,
+                                       low_priority=self.device_statistics_only)
         self.recorder = Recorder(self)
         fallback = self.recorder.stats.fallback_warning() if self.recorder.stats is not None else None
         if fallback:

@@ -154,14 +154,15 @@ def test_rows_assembled_from_pieces_equal_csv_rows(op_type, op_name, shape, ts):
     bytes the csv module writes for the same cells, whatever the names hold (commas, quotes,
     newlines), and read back to the same cells."""
     import torch
-    from opdump.recorder import _row_head, _row_middle, _row_prefix
+    from opdump.recorder import _row_head, _row_middle
     shape = torch.Size(shape)
     cells = ["1.5", "", "nan"]
     fast = (_row_head(op_type, op_name, 3) + str(ts) + _row_middle("input", 1, torch.float32, shape)
             + ",".join(cells) + "\n")
-    reference = mod.encode_rows([_row_prefix(op_type, op_name, 3, ts, "input", 1, torch.float32, shape) + cells])
+    nbytes = str(4 * math.prod(shape))
+    expected = [op_type, op_name, "0", "3", str(ts), "input", "1", nbytes, "Float32", format_shape(shape), *cells]
+    reference = mod.encode_rows([expected])
     assert fast.encode("utf-8") == reference
     import io
     [back] = list(csv.reader(io.StringIO(fast, newline="")))
-    nbytes = str(4 * math.prod(shape))
-    assert back == [op_type, op_name, "0", "3", str(ts), "input", "1", nbytes, "Float32", format_shape(shape), *cells]
+    assert back == expected

@@ -278,8 +278,8 @@ _UNRESOLVED = object()
 
 
 class _Entry:
-    """A tensor whose statistics were launched on its device (an entry known at once is a
-    plain list of its values instead)."""
+    """A tensor whose statistics were launched on its device (an entry known at once is the
+    list of its values, or the CPU kernel's tuple, instead: see :meth:`DeviceStatsBatch._known`)."""
     __slots__ = ("device", "plan", "nfloat", "nint", "stream")
 
     def __init__(self, device, plan, nfloat, nint, stream):
@@ -311,7 +311,7 @@ class DeviceStatsBatch:
         self.categories = tuple(c.name for c in cats)
         self._cats = cats
         self.precision = precision
-        self._entries: List[Any] = []          # _Entry, or the list of values of a tensor known at once
+        self._entries: List[Any] = []          # _Entry, or what _known kept of a tensor known at once
         self._dtypes: List[torch.dtype] = []
         self._floats: Dict[torch.device, List[torch.Tensor]] = {}
         self._ints: Dict[torch.device, List[torch.Tensor]] = {}
