@@ -133,19 +133,31 @@ class Recorder:
         self._lock = threading.RLock()
         self._warned: set = set()
         self.tensors_recorded = 0      # tensors recorded (the bench reports it per step)
-        # statistics computed on the device only: no host copy, no file (the fast path of record)
+        # statistics computed on the device only: no host copy, no file (the fast path of record);
+        # it launches them without the engine's lock: every call into the engine holds self._lock
         self._statistics_only = session.device_statistics_only
+        self._launch = self.stats.device_adder() if self._statistics_only else None
 
     # ------------------------------------------------------------------ tensors
     def record(self, folder: str, op: OpInfo, io: str, slot: int, tensor: torch.Tensor) -> None:
         """Dump one input/output tensor of ``op`` into ``folder`` (an iteration folder)."""
-        if not isinstance(tensor, torch.Tensor) or self._unsupported(tensor):
+        if type(tensor) is torch.Tensor:
+            if tensor.layout is not torch.strided or tensor.is_meta:
+                if self._unsupported(tensor):
+                    return
+        elif not isinstance(tensor, torch.Tensor) or self._unsupported(tensor):
             return
-        if self._statistics_only:
-            self.tensors_recorded += 1
+        launch = self._launch
+        if launch is not None:          # device statistics only: a row and a launch, nothing else
             stream = stream_id_of(tensor) if tensor.is_cuda else 0
-            self._queue_row(folder, (op.op_type, op.full_name, stream, self.clock(), io, slot,
-                                     tensor.dtype, tensor.shape), tensor)
+            row = (op.op_type, op.full_name, stream, self.clock(), io, slot, tensor.dtype, tensor.shape)
+            with self._lock:
+                handle = launch(tensor)
+                rows = self._pending.get(folder)
+                if rows is None:
+                    rows = self._pending[folder] = []
+                rows.append((row, handle, None))
+            self.tensors_recorded += 1
             return
         self._record(folder, op.op_type, op.full_name, io, slot, tensor, op=op)
 
@@ -235,9 +247,27 @@ class Recorder:
 
         (Inside a dispatch mode the version counter is not a reliable witness of an
         operator's own in-place write, so the eager front-end says it explicitly.)"""
-        self._seen.pop(id(tensor), None)
-        if self.stats is not None:
-            self.stats.device_forget(tensor)
+        with self._lock:
+            self._seen.pop(id(tensor), None)
+            if self.stats is not None:
+                self.stats.device_forget(tensor)
+
+    def settle(self, tensor: torch.Tensor) -> None:
+        """``tensor`` was written by an operator that has just returned, after it was recorded
+        as that operator's output; no other operator has run since.
+
+        The eager front-end records outputs inside the dispatch mode, and autograd bumps an
+        in-place operator's version counter only after the mode returns: without this, the
+        next operator reading the tensor (the optimizer's chains of in-place updates) would
+        see a new version and compute its statistics, and copy it, once more."""
+        with self._lock:
+            entry = self._seen.get(id(tensor))
+            if entry is not None and entry.tensor() is tensor and entry.version >= 0:
+                now = tensor_version(tensor)
+                if entry.version <= now <= entry.version + 1:
+                    entry.version = now
+            if self.stats is not None:
+                self.stats.device_settle(tensor)
 
     def _remember(self, tensor: torch.Tensor) -> "_Seen":
         entry = _Seen(weakref.ref(tensor), tensor_version(tensor))

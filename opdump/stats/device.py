@@ -95,6 +95,17 @@ def memory_order(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def _memory_key(t: torch.Tensor):
+    """(``t`` in memory order, the key of the memory it reads): tensors with equal keys read
+    the same elements, so they have the same statistics."""
+    ordered = memory_order(t)
+    ptr = t.data_ptr()
+    if ordered.is_contiguous() and (ordered is t or ordered.data_ptr() == ptr):
+        return ordered, (t.device, ptr, t.numel(), t.dtype, t.is_neg())
+    # gaps or overlaps: the same elements only through the very same strides
+    return ordered, (t.device, ptr, t.dtype, t.is_neg(), t.shape, t.stride())
+
+
 def tensor_version(tensor: torch.Tensor) -> int:
     """The tensor's version counter (shared by all views of one base); -1 for inference
     tensors, which have none (so an in-place update of them could not be detected)."""
@@ -346,18 +357,15 @@ class DeviceStatsBatch:
         if kernel is not None and self._all_fused and n < _SMALL and t.is_cpu and dtype in _FUSED_DTYPES:
             fused = kernel(t) if n else None
             if fused is not None:       # kept as the kernel gave it; values are derived when read
-                return self._known(fused + (n,), dtype)
+                self._entries.append(fused + (n,))      # (_known, inlined: the most common case)
+                self._dtypes.append(dtype)
+                return index
         if not supported_dtype(dtype) or not self._cats:
             return self._known([None] * len(self._cats), dtype)
         if n == 0:
             return self._known([0 if c.kind == "count" else None for c in self._cats], dtype)
-        ordered = memory_order(t)
+        ordered, key = _memory_key(t)
         dev = t.device
-        ptr = t.data_ptr()
-        if ordered.is_contiguous() and (ordered is t or ordered.data_ptr() == ptr):
-            key = (dev, ptr, n, dtype, t.is_neg())
-        else:       # gaps or overlaps: the same elements only through the very same strides
-            key = (dev, ptr, dtype, t.is_neg(), t.shape, t.stride())
         earlier = self._by_memory.get(key)
         version = tensor_version(tensor)
         if earlier is not None:
@@ -447,6 +455,24 @@ class DeviceStatsBatch:
             dev, ptr, dtype, neg = tensor.device, tensor.data_ptr(), tensor.dtype, tensor.is_neg()
             self._by_memory.pop((dev, ptr, tensor.numel(), dtype, neg), None)
             self._by_memory.pop((dev, ptr, dtype, neg, tensor.shape, tensor.stride()), None)
+
+    def settle(self, tensor: torch.Tensor) -> None:
+        """``tensor`` was written by the operator whose output it was just added as, and that
+        operator has returned: autograd's in-place bookkeeping has now bumped its version
+        counter (once), or has not (``_foreach_*`` ops under a dispatch mode).  Either way
+        the tensor still holds what was read, so its entry takes the current version and
+        the next operator reading it reuses the statistics.  Called before any other
+        operator runs; a version that moved further is left alone (no reuse)."""
+        if not tensor.numel():
+            return
+        _, key = _memory_key(tensor)
+        earlier = self._by_memory.get(key)
+        if earlier is None:
+            return
+        ref, v, i = earlier
+        now = tensor_version(tensor)
+        if v >= 0 and v <= now <= v + 1 and ref() is not None:
+            self._by_memory[key] = (ref, now, i)
 
     def clear(self) -> None:
         self._by_memory.clear()

@@ -21,7 +21,7 @@ Usage by the capture side::
 from __future__ import annotations
 
 import threading
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -92,11 +92,23 @@ class StatsEngine:
         with self._lock:
             return self._batch.add(tensor)
 
+    def device_adder(self) -> Optional[Callable[[torch.Tensor], int]]:
+        """:meth:`device_launch` without this engine's lock, for a caller that serialises
+        every call into the engine under a lock of its own (the recorder's fast path)."""
+        return self._batch.add if self._batch is not None else None
+
     def device_forget(self, tensor: torch.Tensor) -> None:
         """``tensor`` is being written in place: later tensors on its memory are computed anew."""
         if self._batch is not None:
             with self._lock:
                 self._batch.forget(tensor)
+
+    def device_settle(self, tensor: torch.Tensor) -> None:
+        """The operator that wrote ``tensor`` (and whose output it was) has returned: see
+        :meth:`DeviceStatsBatch.settle`."""
+        if self._batch is not None:
+            with self._lock:
+                self._batch.settle(tensor)
 
     def device_collect(self) -> List[Dict[str, str]]:
         """Formatted device cells (``{category: cell}``) of every launched tensor, indexed by handle.

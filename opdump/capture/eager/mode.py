@@ -98,6 +98,8 @@ class _DumpMode(TorchDispatchMode):
         cap = self.capture
         if cap._checked != self.session.iteration:
             cap._refresh()
+        if cap._unsettled:
+            cap._settle()
         if not cap._dumping or cap._internal:
             return func(*args, **kwargs) if kwargs else func(*args)
         return cap._dispatch(func, args, kwargs or {})
@@ -164,6 +166,10 @@ class EagerCapture:
         self._kernel_args = cfg.save_kernel_args
         self._select_all = session.selector.mode == 0
         self._mutated: Dict[int, Tuple[Tuple[int, str], ...]] = {}
+        self._written: Dict[int, Tuple[Tuple[Tuple[int, str], ...], bool]] = {}
+        # outputs of the last in-place operator whose recorded version must catch up with
+        # autograd's bump (see Recorder.settle), settled when the next operator arrives
+        self._unsettled: List[torch.Tensor] = []
         self._selected: Dict[str, bool] = {}
 
     # ------------------------------------------------------------------ lifecycle
@@ -274,6 +280,7 @@ class EagerCapture:
     def _finish(self, state: _Iteration) -> None:
         """Write the listing / execution order of a finished iteration; flush its statistics."""
         session = self.session
+        self._unsettled = []
         self._internal += 1
         try:
             if state.n:
@@ -415,6 +422,31 @@ class EagerCapture:
         self._mutated[id(func)] = out
         return out
 
+    def _written_args(self, func) -> Tuple[Tuple[Tuple[int, str], ...], bool]:
+        """((position, name) of the arguments an operator writes to, does it write a list?)"""
+        try:
+            return self._written[id(func)]
+        except KeyError:
+            pass
+        written: Tuple[Tuple[int, str], ...] = ()
+        lists = False
+        schema = getattr(func, "_schema", None)
+        if schema is not None:
+            args = [(i, a) for i, a in enumerate(schema.arguments)
+                    if a.alias_info is not None and a.alias_info.is_write]
+            written = tuple((i, a.name) for i, a in args)
+            lists = any(isinstance(a.type, torch.ListType) for _, a in args)
+        self._written[id(func)] = hit = (written, lists)
+        return hit
+
+    def _settle(self) -> None:
+        """The in-place operator whose outputs were recorded last has returned (autograd
+        bumped their versions after the mode): their recordings take the new version."""
+        tensors, self._unsettled = self._unsettled, []
+        settle = self.session.recorder.settle
+        for t in tensors:
+            settle(t)
+
     def _backward_scope(self, state: _Iteration, node) -> Tuple[str, Tuple[str, ...], Tuple]:
         """Scope, module ids and source lines of the forward operator a backward node belongs to."""
         info = state.seq.get(node._sequence_nr())
@@ -452,9 +484,14 @@ class EagerCapture:
         if types is None:
             return func(*args, **kwargs)
         listing = state.listing
-        compiled, sources = walk(2, listing)
-        if compiled:
-            return func(*args, **kwargs)
+        if kind == 2 and not listing:
+            # a backward operator's compiled region is its node (checked above), and only the
+            # listing shows source lines: no stack walk
+            sources = ()
+        else:
+            compiled, sources = walk(2, listing)
+            if compiled:
+                return func(*args, **kwargs)
         if kind == 1:
             top = stack[-1]
             scope, ids = top.scope, top.ids
@@ -492,8 +529,13 @@ class EagerCapture:
             if kernel_args:
                 recorder.record_kernel_args(folder, op)
         out = func(*args, **kwargs)
+        written = ()
         if selected and _writes(func):      # its arguments changed: recorded copies/statistics are stale
-            for t in _flat_tensors(args, _flat_tensors(kwargs.values(), [])):
+            positions, lists = self._written_args(func)
+            written = _flat_tensors([args[i] if i < len(args) else kwargs.get(name) for i, name in positions], [])
+            # ``_foreach_*`` ops do not bump version counters under a dispatch mode, so views
+            # of what they wrote are not guarded: forget every argument, as the safe side
+            for t in (_flat_tensors(args, _flat_tensors(kwargs.values(), [])) if lists else written):
                 recorder.forget(t)
         dump_out = selected and self._dump_out
         if dump_out or listing:
@@ -511,6 +553,8 @@ class EagerCapture:
                 for slot, t in enumerate(outputs):
                     if t.is_cpu or self.session.device_allowed(t.device):
                         record(folder, op, "output", slot, t)
+                if written:
+                    self._unsettled = written
             if listing:
                 self._describe(state, op, func, args, kwargs, inputs, outputs)
         if listing:
