@@ -78,10 +78,13 @@ def walk(depth: int, want_sources: bool) -> Tuple[bool, Tuple[SourceLine, ...]]:
     sources: List[SourceLine] = []
     seen_fx = False
     n = 0
+    known = _kind_cache.get
     while frame is not None and n < _MAX_DEPTH:
         code = frame.f_code
         filename = code.co_filename
-        kind = _kind(filename)
+        kind = known(filename, _UNKNOWN)
+        if kind is _UNKNOWN:
+            kind = _kind(filename)
         if kind is None:
             if not sources:
                 return True, ()
