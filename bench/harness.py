@@ -92,8 +92,11 @@ def interleave(base: Side, mode: Side, rounds: int, per_round: int) -> float:
     Waits first (≤ 20 s) for the neighbours to quieten; returns the CPU cores other
     processes used meanwhile (a noise indicator for the report).
     """
+    # A clean start, and then the garbage collector runs as it does in a user's process (no
+    # gc.freeze(): with it, a dump that leaves many tracked objects alive would never pay for
+    # the full collections they trigger — 2.6 ms per eager AlexNet step, before the rows
+    # were made untracked).
     gc.collect()
-    gc.freeze()     # later automatic collections skip everything alive now (cheap, and rare)
     wait_quiet()
     a = cpu_snapshot()
     for r in range(rounds):

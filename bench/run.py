@@ -844,6 +844,9 @@ def report(info, models, scaling, memory, profile, msprobe, eager_missing, args,
              "writer cannot hide in later steps and the page cache cannot absorb the files.")
     L.append("- Dumps go to a temp folder on the same disk as the numpy.save baseline, `os.sync()` before "
              "each timed write phase, old iteration folders deleted between rounds, everything deleted after.")
+    L.append("- Python's garbage collector runs as in a user's process: one `gc.collect()` before each "
+             "interleaving, no `gc.freeze()` (which would hide the full collections that objects a dump "
+             "keeps alive trigger).")
     L.append("- Throughput: bytes of `.npy` data written / (sum of dumped step times + writer drains) = "
              "**raw**; bytes / (that − steps × plain-eager median) = **effective** (the time the dump added). "
              "Against a plain loop of `numpy.save` writing the arrays of the last warm-up iteration, read back "
