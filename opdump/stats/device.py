@@ -450,7 +450,9 @@ class DeviceStatsBatch:
     def forget(self, tensor: torch.Tensor) -> None:
         """``tensor`` is being written in place (inside the operator's dispatch its version
         counter does not show it yet): no later tensor reuses what was computed from it.
-        (Once the operator returned, the version counter guards every view of it.)"""
+        (Once the operator returned, autograd's version bump guards every view of it;
+        ``_foreach_*`` ops bump nothing under a dispatch mode, so for them the eager
+        front-end forgets every argument.)"""
         if tensor.numel():
             dev, ptr, dtype, neg = tensor.device, tensor.data_ptr(), tensor.dtype, tensor.is_neg()
             self._by_memory.pop((dev, ptr, tensor.numel(), dtype, neg), None)
