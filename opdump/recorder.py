@@ -138,8 +138,7 @@ class Recorder:
         self.tensors_recorded = 0      # tensors recorded (the bench reports it per step)
         # statistics computed on the device only: no host copy, no file (the fast path of record);
         # it launches them without the engine's lock: every call into the engine holds self._lock
-        self._statistics_only = session.device_statistics_only
-        self._launch = self.stats.device_adder() if self._statistics_only else None
+        self._launch = self.stats.device_adder() if session.device_statistics_only else None
 
     # ------------------------------------------------------------------ tensors
     def record(self, folder: str, op: OpInfo, io: str, slot: int, tensor: torch.Tensor) -> None:

@@ -414,11 +414,8 @@ class EagerCapture:
             return self._mutated[id(func)]
         except KeyError:
             pass
-        out: Tuple[Tuple[int, str], ...] = ()
         schema = getattr(func, "_schema", None)
-        if schema is not None and not schema.returns:
-            out = tuple((i, a.name) for i, a in enumerate(schema.arguments)
-                        if a.alias_info is not None and a.alias_info.is_write)
+        out = self._written_args(func)[0] if schema is not None and not schema.returns else ()
         self._mutated[id(func)] = out
         return out
 
