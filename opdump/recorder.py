@@ -143,12 +143,9 @@ class Recorder:
     # ------------------------------------------------------------------ tensors
     def record(self, folder: str, op: OpInfo, io: str, slot: int, tensor: torch.Tensor) -> None:
         """Dump one input/output tensor of ``op`` into ``folder`` (an iteration folder)."""
-        if type(tensor) is torch.Tensor:
-            if tensor.layout is not torch.strided or tensor.is_meta:
-                if self._unsupported(tensor):
-                    return
-        elif not isinstance(tensor, torch.Tensor) or self._unsupported(tensor):
-            return
+        if type(tensor) is not torch.Tensor or tensor.layout is not torch.strided or tensor.is_meta:
+            if not isinstance(tensor, torch.Tensor) or self._unsupported(tensor):    # the rare cases
+                return
         launch = self._launch
         if launch is not None:          # device statistics only: a row and a launch, nothing else
             stream = stream_id_of(tensor) if tensor.is_cuda else 0

@@ -529,7 +529,7 @@ class EagerCapture:
         written = ()
         if selected and _writes(func):      # its arguments changed: recorded copies/statistics are stale
             positions, lists = self._written_args(func)
-            written = _flat_tensors([args[i] if i < len(args) else kwargs.get(name) for i, name in positions], [])
+            written = _tensors_at(args, kwargs, positions)
             # ``_foreach_*`` ops do not bump version counters under a dispatch mode, so views
             # of what they wrote are not guarded: forget every argument, as the safe side
             for t in (_flat_tensors(args, _flat_tensors(kwargs.values(), [])) if lists else written):
@@ -538,8 +538,7 @@ class EagerCapture:
         if dump_out or listing:
             mutated = self._mutated_args(func)
             if mutated:
-                values = [args[i] if i < len(args) else kwargs.get(name) for i, name in mutated]
-                outputs = _flat_tensors(values, [])
+                outputs = _tensors_at(args, kwargs, mutated)
             elif type(out) is torch.Tensor:
                 outputs = [out]
             else:
@@ -609,6 +608,12 @@ def _flat_tensors(values, out: List[torch.Tensor]) -> List[torch.Tensor]:
         elif isinstance(v, (list, tuple)):
             _flat_tensors(v, out)
     return out
+
+
+def _tensors_at(args, kwargs, positions: Tuple[Tuple[int, str], ...]) -> List[torch.Tensor]:
+    """The tensors of the arguments at ``positions`` ((position, name) pairs: passed
+    positionally or by name)."""
+    return _flat_tensors([args[i] if i < len(args) else kwargs.get(name) for i, name in positions], [])
 
 
 def _has_tensor(value) -> bool:
