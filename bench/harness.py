@@ -126,6 +126,24 @@ def warm(step: Callable[[], None], n: int) -> float:
     return time.perf_counter() - t0
 
 
+def under_null_dispatch_mode(step: Callable[[], None]) -> Callable[[], None]:
+    """``step`` run under a ``TorchDispatchMode`` that only forwards each operator: the cost
+    of routing every ATen operator through Python, which any Python dispatch-mode capture
+    (opdump's eager capture included) pays before doing anything."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class NullMode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    mode = NullMode()
+
+    def wrapped() -> None:
+        with mode:
+            step()
+    return wrapped
+
+
 # --------------------------------------------------------------------------- configs
 def write_config(folder: str, dump_path: str, *, iteration: str = "all", saved_data: str = "tensor",
                  stat_calc_mode: Optional[str] = None, queue_mb: Optional[int] = None,

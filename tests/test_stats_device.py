@@ -189,10 +189,33 @@ def test_cpu_kernel_reads_dense_tensors_in_one_call(make):
     assert row[4] == t.numel()
 
 
+@needs_kernel
 @pytest.mark.parametrize("make", [lambda: torch.randn(64, 64)[:, :10], lambda: torch.randn(8, 1).expand(8, 9),
-                                  lambda: torch.randn(100, dtype=torch.float64), lambda: torch.randn(10)._neg_view()])
+                                  lambda: torch.randn(8, 6, 128, 96)[..., 32:64]],
+                         ids=["slice", "expand", "qkv-split"])
+def test_cpu_kernel_gathers_tensors_with_gaps_once(make):
+    """A slice or expand is copied to contiguous memory and read by the kernel, with the values
+    of a float64 reference; the same view added again is found without any copy."""
+    t = make()
+    batch = DeviceStatsBatch(["max", "min", "avg", "l2norm"], "high")
+    ops = _aten_ops_of_add(batch, t)
+    assert "aten::contiguous" in ops or "aten::clone" in ops
+    assert not {"aten::aminmax", "aten::linalg_vector_norm", "aten::sum"} & set(ops)
+    assert _aten_ops_of_add(batch, t[...]) == []    # another view of the same elements: nothing read
+    assert batch.add(t[...]) == 0                    # ... its entry
+    [row] = batch.collect()
+    x = t.double()
+    assert row[:2] == [float(x.max()), float(x.min())]
+    assert row[2] == pytest.approx(float(x.mean()), rel=0, abs=1e-6 * float(x.abs().mean()))
+    assert row[3] == pytest.approx(float(torch.linalg.vector_norm(x)), rel=1e-7)
+
+
+@pytest.mark.parametrize("make", [lambda: torch.randn(100, dtype=torch.float64), lambda: torch.randn(10)._neg_view(),
+                                  lambda: torch.randn(3000, 4000)[:, :3000]],
+                         ids=["float64", "negative-bit", "slice-over-copy-limit"])
 def test_cpu_kernel_leaves_other_tensors_to_torch(make):
-    """Slices, expands, other dtypes and negative-bit views are reduced by torch, with the same values."""
+    """Other dtypes, negative-bit views and slices over the 32 MiB copy limit (36 MB here) are
+    reduced by torch, with the same values."""
     t = make()
     a = DeviceStatsBatch(["max", "min", "l2norm"], "high")
     b = DeviceStatsBatch(["max", "min", "l2norm"], "high", cpu_kernel=False)
@@ -284,7 +307,6 @@ def test_strided_tensors_agree_with_host(layout):
             agree(f"{layout}/{cat}", d, h, 1e-6)
 
 
-# Reuse is for tensors of at least 65536 elements (smaller ones the CPU kernel simply reads again).
 def test_views_of_one_memory_block_share_statistics():
     x = torch.randn(400, 200)
     batch = DeviceStatsBatch(["max", "min", "l2norm"], "high")
@@ -328,13 +350,13 @@ def test_tensors_with_gaps_share_statistics_only_through_identical_strides():
 
 
 @needs_kernel
-def test_small_cpu_tensors_are_read_again_not_looked_up():
+def test_small_cpu_tensors_are_looked_up_too():
     x = torch.randn(100, 50)
     batch = DeviceStatsBatch(["max", "min", "l2norm"], "high")
     i = batch.add(x)
-    j = batch.add(x.t())
-    assert i != j
-    assert batch.collect()[j] == batch.collect()[i]
+    assert batch.add(x.t()) == i
+    x.add_(1.0)
+    assert batch.add(x.t()) != i
 
 
 def test_reuse_needs_the_first_tensor_alive_and_not_forgotten():

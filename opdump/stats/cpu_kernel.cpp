@@ -203,8 +203,10 @@ pybind11::object int_stats(const at::Tensor& x, const void* data, int64_t n) {
   return pybind11::make_tuple(a.max, a.min, a.sum, a.sumsq);
 }
 
+}  // namespace
+
 // (max, min, sum, sum of squares): Python floats for float tensors, max/min as Python
-// ints for integer and bool tensors; or None (see the header).
+// ints for integer and bool tensors; or None (see the header).  Also used by stats_memo.cpp.
 pybind11::object fused_stats(const at::Tensor& x) {
   if (!x.defined() || !x.device().is_cpu() || x.layout() != at::kStrided || x.numel() == 0 ||
       x.is_neg() || x.is_conj() || !x.is_non_overlapping_and_dense()) {
@@ -238,13 +240,13 @@ pybind11::object fused_stats(const at::Tensor& x) {
                               a.nan ? nan : static_cast<double>(a.min), a.sum, a.sumsq);
 }
 
-}  // namespace
-
-// cell_text.cpp, built into the same module
+// cell_text.cpp and stats_memo.cpp, built into the same module
 std::vector<std::string> format_cells(const pybind11::list& entries, const std::vector<int>& precisions,
                                       const std::vector<int>& kinds, const std::vector<int>& fused);
+void register_stats_memo(pybind11::module& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fused_stats", &fused_stats, "max, min, sum, sum of squares of a dense CPU float tensor");
   m.def("format_cells", &format_cells, "statistic.csv cells of each entry, joined by ','");
+  register_stats_memo(m);
 }

@@ -32,8 +32,9 @@ transfer buffer), so element values and float32 results are exact.
 
 On CPU, ``"high"`` precision, float32/bfloat16/float16, integer and bool tensors
 whose elements fill one block of memory (contiguous, transposed, permuted,
-channels-last) get ``max``, ``min``, ``avg``, ``l2norm`` and ``count`` from one
-read by a C++ loop (:mod:`.cpu_kernel`; same accumulation rules as above: float64
+channels-last; and those with gaps up to ``_COPY_LIMIT``, after one copy) get ``max``,
+``min``, ``avg``, ``l2norm`` and ``count`` from one read by a C++ loop, looked up and read
+in one native call (:mod:`.cpu_kernel`; same accumulation rules as above: float64
 below 16384 elements, float32 blocks combined in float64 above; integers and bools
 in float64, their max/min exact); their values are known at once, with nothing to
 gather.  Other categories, dtypes, layouts and devices use
@@ -74,6 +75,26 @@ PRECISIONS = ("high", "low")
 _COPY_LIMIT = 32 << 20
 
 
+def _dense_view(t: torch.Tensor) -> Optional[torch.Tensor]:
+    """``t`` with its elements in memory order if they fill one block of memory: ``t``
+    itself when contiguous, else the permutation of its dimensions that is contiguous (a
+    view, no copy); None for a tensor with gaps or overlaps (slices, expands)."""
+    if t.is_contiguous():
+        return t
+    if t.dim() < 2:
+        return None
+    order = sorted(range(t.dim()), key=lambda d: (t.stride(d), t.shape[d]), reverse=True)
+    p = t.permute(order)
+    return p if p.is_contiguous() else None
+
+
+def _gathered(t: torch.Tensor) -> torch.Tensor:
+    """A tensor with gaps or overlaps, copied to contiguous memory when at most
+    ``_COPY_LIMIT`` bytes (a strided CPU reduction is up to 30x slower than a memcpy + a
+    contiguous one), else ``t`` itself (read as it is)."""
+    return t.contiguous() if t.numel() * t.element_size() <= _COPY_LIMIT else t
+
+
 def memory_order(t: torch.Tensor) -> torch.Tensor:
     """``t`` with its elements in memory order: the same multiset, read contiguously.
 
@@ -81,29 +102,21 @@ def memory_order(t: torch.Tensor) -> torch.Tensor:
     the elements, so a transposed or permuted tensor is reduced through a permutation
     of its dimensions that is contiguous — a view, no copy.  (A strided reduction of
     ``w.t()`` on CPU is ~30x slower than of ``w``.)  Tensors with gaps or overlaps
-    (slices, expands) are copied when smaller than ``_COPY_LIMIT`` and otherwise read
-    as they are.
+    are copied when smaller than ``_COPY_LIMIT`` and otherwise read as they are.
     """
-    if t.is_contiguous() or t.dim() < 2:
-        return t
-    order = sorted(range(t.dim()), key=lambda d: (t.stride(d), t.shape[d]), reverse=True)
-    p = t.permute(order)
-    if p.is_contiguous():
-        return p
-    if t.numel() * t.element_size() <= _COPY_LIMIT:
-        return t.contiguous()
-    return t
+    dense = _dense_view(t)
+    return dense if dense is not None else _gathered(t)
 
 
 def _memory_key(t: torch.Tensor):
-    """(``t`` in memory order, the key of the memory it reads): tensors with equal keys read
-    the same elements, so they have the same statistics."""
-    ordered = memory_order(t)
-    ptr = t.data_ptr()
-    if ordered.is_contiguous() and (ordered is t or ordered.data_ptr() == ptr):
-        return ordered, (t.device, ptr, t.numel(), t.dtype, t.is_neg())
+    """(``t`` in memory order if dense, else None; the key of the memory it reads): tensors
+    with equal keys read the same elements, so they have the same statistics.  Nothing is
+    copied: a tensor with gaps is gathered only if its key is new (see :func:`_gathered`)."""
+    dense = _dense_view(t)
+    if dense is not None:
+        return dense, (t.device, t.data_ptr(), t.numel(), t.dtype, t.is_neg())
     # gaps or overlaps: the same elements only through the very same strides
-    return ordered, (t.device, ptr, t.dtype, t.is_neg(), t.shape, t.stride())
+    return None, (t.device, t.data_ptr(), t.dtype, t.is_neg(), t.shape, t.stride())
 
 
 def tensor_version(tensor: torch.Tensor) -> int:
@@ -283,8 +296,6 @@ _FUSED = {
 }
 _FUSED_DTYPES = frozenset((torch.float32, torch.bfloat16, torch.float16, torch.bool, torch.uint8, torch.int8,
                            torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32))
-# Below this many elements the CPU kernel reads a tensor again rather than look it up.
-_SMALL = 1 << 16
 _UNRESOLVED = object()
 
 
@@ -333,6 +344,7 @@ class DeviceStatsBatch:
         self._use_kernel = cpu_kernel and precision == "high" and any(self._fused_getters)
         self._all_fused = bool(cats) and all(self._fused_getters)     # no torch kernel at all
         self._kernel = _UNRESOLVED
+        self._memo = None          # the native StatsMemo, with the kernel (see _resolve_kernel)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -344,22 +356,26 @@ class DeviceStatsBatch:
         (a ``view``, ``t()``, ``permute``… of it: the same elements in another order)
         gets that tensor's index: its statistics are the same, and nothing is launched.
         Reuse needs the earlier tensor alive (so its memory cannot have been reused)
-        and the shared version counter unchanged (no in-place write since).  Small
-        tensors the CPU kernel reads are simply read again: cheaper than the bookkeeping.
+        and the shared version counter unchanged (no in-place write since).  CPU tensors
+        the kernel reads are looked up and read in one native call (:func:`.cpu_kernel.stats_memo`,
+        same rules); the others here.
         """
         index = len(self._entries)
         t = tensor
         dtype = t.dtype
-        n = t.numel()
         kernel = self._kernel
         if kernel is _UNRESOLVED:
             kernel = self._resolve_kernel()
-        if kernel is not None and self._all_fused and n < _SMALL and t.is_cpu and dtype in _FUSED_DTYPES:
-            fused = kernel(t) if n else None
+        memo = self._memo
+        if memo is not None and dtype in _FUSED_DTYPES and t.is_cpu:
+            fused = memo.stats(t, index)    # (max, min, sum, sum of squares, numel), or an earlier index
+            if type(fused) is int:
+                return fused
             if fused is not None:       # kept as the kernel gave it; values are derived when read
-                self._entries.append(fused + (n,))      # (_known, inlined: the most common case)
+                self._entries.append(fused)                 # (_known, inlined: the most common case)
                 self._dtypes.append(dtype)
                 return index
+        n = t.numel()
         if not supported_dtype(dtype) or not self._cats:
             return self._known([None] * len(self._cats), dtype)
         if n == 0:
@@ -373,9 +389,11 @@ class DeviceStatsBatch:
             if v == version >= 0 and ref() is not None:
                 return i
         self._by_memory[key] = (weakref.ref(tensor), version, index)
+        if ordered is None:
+            ordered = _gathered(t)      # a new tensor with gaps: copied once, here
         fused = None
         if kernel is not None and dev.type == "cpu" and dtype in _FUSED_DTYPES:
-            fused = kernel(t)
+            fused = kernel(ordered)
             if fused is not None and self._all_fused:
                 return self._known(fused + (n,), dtype)
         if t.requires_grad:
@@ -408,9 +426,11 @@ class DeviceStatsBatch:
         return len(self._entries) - 1
 
     def _resolve_kernel(self):
-        """The CPU kernel if some category comes from it, else None; resolved at the first
-        tensor (building the kernel is not paid by CUDA-only runs)."""
+        """The CPU kernel if some category comes from it, else None, and the native memo when
+        every category does; resolved at the first tensor (building the kernel is not paid by
+        CUDA-only runs)."""
         self._kernel = _cpu_kernel.load() if self._use_kernel else None
+        self._memo = _cpu_kernel.stats_memo() if self._kernel is not None and self._all_fused else None
         return self._kernel
 
     def collect(self) -> List[List[Any]]:
@@ -453,6 +473,8 @@ class DeviceStatsBatch:
         (Once the operator returned, autograd's version bump guards every view of it;
         ``_foreach_*`` ops bump nothing under a dispatch mode, so for them the eager
         front-end forgets every argument.)"""
+        if self._memo is not None:
+            self._memo.forget(tensor)
         if tensor.numel():
             dev, ptr, dtype, neg = tensor.device, tensor.data_ptr(), tensor.dtype, tensor.is_neg()
             self._by_memory.pop((dev, ptr, tensor.numel(), dtype, neg), None)
@@ -465,6 +487,8 @@ class DeviceStatsBatch:
         the tensor still holds what was read, so its entry takes the current version and
         the next operator reading it reuses the statistics.  Called before any other
         operator runs; a version that moved further is left alone (no reuse)."""
+        if self._memo is not None:
+            self._memo.settle(tensor)
         if not tensor.numel():
             return
         _, key = _memory_key(tensor)
@@ -477,6 +501,8 @@ class DeviceStatsBatch:
             self._by_memory[key] = (ref, now, i)
 
     def clear(self) -> None:
+        if self._memo is not None:
+            self._memo.clear()
         self._by_memory.clear()
         self._entries.clear()
         self._dtypes.clear()
