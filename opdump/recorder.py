@@ -15,7 +15,7 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -36,12 +36,13 @@ class _Clock:
         self._last = 0
         self._lock = threading.Lock()
 
-    def __call__(self) -> int:
+    def __call__(self, count: int = 1) -> int:
+        """The first of ``count`` consecutive timestamps, all later than any given before."""
         now = time.time_ns() // 1000
         with self._lock:
             if now <= self._last:
                 now = self._last + 1
-            self._last = now
+            self._last = now + count - 1
         return now
 
 
@@ -160,6 +161,33 @@ class Recorder:
             self.tensors_recorded += 1
             return
         self._record(folder, op.op_type, op.full_name, io, slot, tensor, op=op)
+
+    def record_all(self, folder: str, op: OpInfo, io: str, tensors: Sequence[Optional[torch.Tensor]]) -> None:
+        """:meth:`record` of each tensor at its slot (None: nothing at that slot), in one call:
+        in the device-statistics fast path one lock, one clock read and one Python call per
+        operator side instead of per tensor (~1 us per tensor)."""
+        launch = self._launch
+        if launch is None:
+            for slot, t in enumerate(tensors):
+                if t is not None:
+                    self.record(folder, op, io, slot, t)
+            return
+        op_type, name = op.op_type, op.full_name
+        ts = self.clock(len(tensors))
+        recorded = 0
+        with self._lock:
+            rows = self._pending.get(folder)
+            if rows is None:
+                rows = self._pending[folder] = []
+            for slot, t in enumerate(tensors):
+                if type(t) is not torch.Tensor or t.layout is not torch.strided or t.is_meta:
+                    if not isinstance(t, torch.Tensor) or self._unsupported(t):
+                        continue
+                stream = stream_id_of(t) if t.is_cuda else 0
+                rows.append((op_type, name, stream, ts + slot, io, slot, t.nbytes, t.dtype, _shape_text(t.shape),
+                             launch(t), None))
+                recorded += 1
+        self.tensors_recorded += recorded
 
     def record_parameter(self, folder: str, name: str, tensor: torch.Tensor) -> None:
         if not isinstance(tensor, torch.Tensor) or self._unsupported(tensor):

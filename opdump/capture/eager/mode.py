@@ -518,11 +518,8 @@ class EagerCapture:
             _flat_tensors(kwargs.values(), inputs)
         if selected:
             folder = state.folder or self._folder(state)
-            if dump_in:
-                record = recorder.record
-                for slot, t in enumerate(inputs):
-                    if t.is_cpu or self.session.device_allowed(t.device):
-                        record(folder, op, "input", slot, t)
+            if dump_in and inputs:
+                recorder.record_all(folder, op, "input", self._on_allowed_devices(inputs))
             if kernel_args:
                 recorder.record_kernel_args(folder, op)
         out = func(*args, **kwargs)
@@ -544,11 +541,9 @@ class EagerCapture:
             else:
                 outputs = _flat_tensors((out,), [])
             if dump_out:
-                folder = state.folder or self._folder(state)
-                record = recorder.record
-                for slot, t in enumerate(outputs):
-                    if t.is_cpu or self.session.device_allowed(t.device):
-                        record(folder, op, "output", slot, t)
+                if outputs:
+                    recorder.record_all(state.folder or self._folder(state), op, "output",
+                                        self._on_allowed_devices(outputs))
                 if written:
                     self._unsettled = written
             if listing:
@@ -558,6 +553,14 @@ class EagerCapture:
         else:
             state.names.append(op.full_name)
         return out
+
+    def _on_allowed_devices(self, tensors: List[torch.Tensor]) -> List[Optional[torch.Tensor]]:
+        """``tensors``, with None in the slots of tensors on devices ``support_device`` excludes."""
+        for t in tensors:
+            if not t.is_cpu:
+                allowed = self.session.device_allowed
+                return [t if t.is_cpu or allowed(t.device) else None for t in tensors]
+        return tensors
 
     def _select(self, op: OpInfo) -> bool:
         selector = self.session.selector

@@ -76,10 +76,7 @@ def _tap_inputs(rid: int, index: int, tensors) -> None:
     rt = _RUNTIMES[rid]
     if rt.folder is None:
         return
-    op = rt.ops[index]
-    record = rt.recorder.record
-    for slot, t in enumerate(tensors):
-        record(rt.folder, op, "input", slot, t)
+    rt.recorder.record_all(rt.folder, rt.ops[index], "input", tensors)
 
 
 def _tap_outputs(rid: int, index: int, value) -> None:
@@ -87,7 +84,6 @@ def _tap_outputs(rid: int, index: int, value) -> None:
     if rt.folder is None:
         return
     op = rt.ops[index]
-    record = rt.recorder.record
     # Output slots are positions among the output's leaves, so a None output
     # (e.g. convolution_backward's grad_input of a first layer) keeps its slot.
     if isinstance(value, torch.Tensor):
@@ -96,11 +92,11 @@ def _tap_outputs(rid: int, index: int, value) -> None:
         leaves = value           # the usual multi-output form: no pytree walk
     else:
         leaves = pytree.tree_leaves(value)
-    for slot, t in enumerate(leaves):
-        if isinstance(t, torch.Tensor):
-            if op.mutates:         # written in place: what was recorded of it before is stale
+    if op.mutates:                 # written in place: what was recorded of it before is stale
+        for t in leaves:
+            if isinstance(t, torch.Tensor):
                 rt.recorder.forget(t)
-            record(rt.folder, op, "output", slot, t)
+    rt.recorder.record_all(rt.folder, op, "output", leaves)
 
 
 def instrument(gm: fx.GraphModule, runtime: GraphRuntime, nodes: Sequence[fx.Node],
