@@ -4,7 +4,8 @@
 None when the module is not available; :func:`cell_formatter` its
 ``format_cells`` (statistic.csv cells as text, see ``cell_text.cpp`` and
 :mod:`.formatting`); :func:`stats_memo` a ``StatsMemo`` (the kernel's statistics of
-CPU tensors, reused for a tensor reading memory already read, see ``stats_memo.cpp``).  ``fused_stats`` gives ``(max, min, sum, sum of squares)`` of a dense CPU
+CPU tensors, reused for a tensor reading memory already read, see ``stats_memo.cpp``).
+``fused_stats`` gives ``(max, min, sum, sum of squares)`` of a dense CPU
 float32/bfloat16/float16 tensor in one read of its memory, or None for a tensor it
 does not handle (see the guarantees at the top of ``cpu_kernel.cpp``).  On this project's
 2-core CPU it is 2–4x faster than the torch reductions it replaces (aminmax +
