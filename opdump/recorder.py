@@ -137,40 +137,24 @@ class Recorder:
         self._lock = threading.RLock()
         self._warned: set = set()
         self.tensors_recorded = 0      # tensors recorded (the bench reports it per step)
-        # statistics computed on the device only: no host copy, no file (the fast path of record);
+        # statistics computed on the device only: no host copy, no file (the fast path of record_all);
         # it launches them without the engine's lock: every call into the engine holds self._lock
         self._launch = self.stats.device_adder() if session.device_statistics_only else None
 
     # ------------------------------------------------------------------ tensors
-    def record(self, folder: str, op: OpInfo, io: str, slot: int, tensor: torch.Tensor) -> None:
-        """Dump one input/output tensor of ``op`` into ``folder`` (an iteration folder)."""
-        if type(tensor) is not torch.Tensor or tensor.layout is not torch.strided or tensor.is_meta:
-            if not isinstance(tensor, torch.Tensor) or self._unsupported(tensor):    # the rare cases
-                return
-        launch = self._launch
-        if launch is not None:          # device statistics only: a row and a launch, nothing else
-            stream = stream_id_of(tensor) if tensor.is_cuda else 0
-            nbytes, dtype, shape = tensor.nbytes, tensor.dtype, _shape_text(tensor.shape)
-            ts = self.clock()
-            with self._lock:
-                handle = launch(tensor)
-                rows = self._pending.get(folder)
-                if rows is None:
-                    rows = self._pending[folder] = []
-                rows.append((op.op_type, op.full_name, stream, ts, io, slot, nbytes, dtype, shape, handle, None))
-            self.tensors_recorded += 1
-            return
-        self._record(folder, op.op_type, op.full_name, io, slot, tensor, op=op)
-
     def record_all(self, folder: str, op: OpInfo, io: str, tensors: Sequence[Optional[torch.Tensor]]) -> None:
-        """:meth:`record` of each tensor at its slot (None: nothing at that slot), in one call:
-        in the device-statistics fast path one lock, one clock read and one Python call per
-        operator side instead of per tensor (~1 us per tensor)."""
+        """Dump the input (or output) tensors of ``op`` into ``folder`` (an iteration folder),
+        each at its slot (None, or anything not a tensor: nothing at that slot).
+
+        Device statistics only (the fast path): a statistic.csv row and a launch per tensor,
+        under one lock and one clock read per operator side (consecutive timestamps).
+        Otherwise each tensor also gets its copy, file and host statistics (:meth:`_record`).
+        """
         launch = self._launch
         if launch is None:
             for slot, t in enumerate(tensors):
-                if t is not None:
-                    self.record(folder, op, io, slot, t)
+                if isinstance(t, torch.Tensor) and not self._unsupported(t):
+                    self._record(folder, op.op_type, op.full_name, io, slot, t, op=op)
             return
         op_type, name = op.op_type, op.full_name
         ts = self.clock(len(tensors))
@@ -181,7 +165,7 @@ class Recorder:
                 rows = self._pending[folder] = []
             for slot, t in enumerate(tensors):
                 if type(t) is not torch.Tensor or t.layout is not torch.strided or t.is_meta:
-                    if not isinstance(t, torch.Tensor) or self._unsupported(t):
+                    if not isinstance(t, torch.Tensor) or self._unsupported(t):    # the rare cases
                         continue
                 stream = stream_id_of(t) if t.is_cuda else 0
                 rows.append((op_type, name, stream, ts + slot, io, slot, t.nbytes, t.dtype, _shape_text(t.shape),
