@@ -29,6 +29,9 @@ from .stats import StatsEngine, format_shape
 from .stats.device import tensor_version
 
 
+_UNRESOLVED = object()
+
+
 class _Clock:
     """Microsecond timestamps, strictly increasing so that every file name is unique."""
 
@@ -140,6 +143,8 @@ class Recorder:
         # statistics computed on the device only: no host copy, no file (the fast path of record_all);
         # it launches them without the engine's lock: every call into the engine holds self._lock
         self._launch = self.stats.device_adder() if session.device_statistics_only else None
+        # ...and the native form of that path for CPU tensors, resolved at the first tensor
+        self._sink = _UNRESOLVED if self._launch is not None else None
 
     # ------------------------------------------------------------------ tensors
     def record_all(self, folder: str, op: OpInfo, io: str, tensors: Sequence[Optional[torch.Tensor]]) -> None:
@@ -147,7 +152,8 @@ class Recorder:
         each at its slot (None, or anything not a tensor: nothing at that slot).
 
         Device statistics only (the fast path): a statistic.csv row and a launch per tensor,
-        under one lock and one clock read per operator side (consecutive timestamps).
+        under one lock and one clock read per operator side (consecutive timestamps); for
+        CPU tensors, rows and lookups are made by the native row sink in one call.
         Otherwise each tensor also gets its copy, file and host statistics (:meth:`_record`).
         """
         launch = self._launch
@@ -163,6 +169,15 @@ class Recorder:
             rows = self._pending.get(folder)
             if rows is None:
                 rows = self._pending[folder] = []
+            sink = self._sink
+            if sink is _UNRESOLVED:
+                sink = self._sink = self.stats.device_row_sink()
+            if sink is not None:            # CPU tensors: the same rows, built natively (row_sink.cpp)
+                recorded = sink.record(rows, op_type, name, io, ts, tensors)
+                if recorded >= 0:
+                    self.tensors_recorded += recorded
+                    return
+                recorded = 0
             for slot, t in enumerate(tensors):
                 if type(t) is not torch.Tensor or t.layout is not torch.strided or t.is_meta:
                     if not isinstance(t, torch.Tensor) or self._unsupported(t):    # the rare cases
@@ -173,10 +188,31 @@ class Recorder:
                 recorded += 1
         self.tensors_recorded += recorded
 
-    def record_parameter(self, folder: str, name: str, tensor: torch.Tensor) -> None:
-        if not isinstance(tensor, torch.Tensor) or self._unsupported(tensor):
-            return
-        self._record(folder, "Parameter", name, "output", 0, tensor, parameter=True)
+    def record_parameters(self, folder: str, items: Sequence[Tuple[str, torch.Tensor]]) -> None:
+        """Dump parameters/buffers/constants, ``(name, tensor)`` each, into ``folder``
+        (``Parameter.<name>`` files / rows); device statistics of CPU tensors take the
+        native row sink, under one lock and one clock read."""
+        sink = self._sink
+        if sink is _UNRESOLVED:
+            with self._lock:
+                sink = self._sink = self.stats.device_row_sink()
+        if sink is not None:
+            ts = self.clock(len(items))
+            with self._lock:
+                rows = self._pending.get(folder)
+                if rows is None:
+                    rows = self._pending[folder] = []
+                slow = []
+                for k, (name, tensor) in enumerate(items):
+                    recorded = sink.record(rows, "Parameter", name, "output", ts + k, (tensor,))
+                    if recorded < 0:
+                        slow.append((name, tensor))
+                    else:
+                        self.tensors_recorded += recorded
+            items = slow
+        for name, tensor in items:
+            if isinstance(tensor, torch.Tensor) and not self._unsupported(tensor):
+                self._record(folder, "Parameter", name, "output", 0, tensor, parameter=True)
 
     def _record(self, folder, op_type, op_name, io, slot, tensor, parameter=False, op=None) -> None:
         """``op``: the operator (its file-name stem; parameters have their own name form)."""

@@ -240,13 +240,15 @@ pybind11::object fused_stats(const at::Tensor& x) {
                               a.nan ? nan : static_cast<double>(a.min), a.sum, a.sumsq);
 }
 
-// cell_text.cpp and stats_memo.cpp, built into the same module
+// cell_text.cpp, stats_memo.cpp and row_sink.cpp, built into the same module
 std::vector<std::string> format_cells(const pybind11::list& entries, const std::vector<int>& precisions,
                                       const std::vector<int>& kinds, const std::vector<int>& fused);
 void register_stats_memo(pybind11::module& m);
+void register_row_sink(pybind11::module& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fused_stats", &fused_stats, "max, min, sum, sum of squares of a dense CPU float tensor");
   m.def("format_cells", &format_cells, "statistic.csv cells of each entry, joined by ','");
   register_stats_memo(m);
+  register_row_sink(m);
 }

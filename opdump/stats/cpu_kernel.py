@@ -34,7 +34,8 @@ from typing import Callable, Optional
 import torch
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_SOURCES = [os.path.join(_HERE, name) for name in ("cpu_kernel.cpp", "cell_text.cpp", "stats_memo.cpp")]
+_SOURCES = [os.path.join(_HERE, name) for name in ("cpu_kernel.cpp", "cell_text.cpp", "stats_memo.cpp", "row_sink.cpp")]
+_HEADERS = [os.path.join(_HERE, "stats_memo.h")]
 _lock = threading.Lock()
 _loaded = False
 _module = None
@@ -54,7 +55,7 @@ def _cpu_flags() -> str:
 
 def _module_name() -> str:
     h = hashlib.sha256()
-    for source in _SOURCES:
+    for source in _SOURCES + _HEADERS:     # a changed header is a new module too
         with open(source, "rb") as f:
             h.update(f.read())
     h.update(_cpu_flags().encode() + torch.__version__.encode())
@@ -88,6 +89,13 @@ def stats_memo():
     """A new ``StatsMemo`` (building the module if needed), or None if unavailable."""
     module = load_module()
     return None if module is None else module.StatsMemo()
+
+
+def row_sink(memo, entries, dtypes, launch):
+    """A ``RowSink`` over ``memo`` (a ``StatsMemo``) and a batch's ``entries``/``dtypes`` lists,
+    sending what the memo declines to ``launch``; None if the module is unavailable."""
+    module = load_module()
+    return None if module is None else module.RowSink(memo, entries, dtypes, launch, torch.nn.Parameter)
 
 
 def cell_formatter() -> Optional[Callable]:

@@ -345,6 +345,7 @@ class DeviceStatsBatch:
         self._all_fused = bool(cats) and all(self._fused_getters)     # no torch kernel at all
         self._kernel = _UNRESOLVED
         self._memo = None          # the native StatsMemo, with the kernel (see _resolve_kernel)
+        self._sink = None          # the native RowSink over the memo (see row_sink)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -431,7 +432,17 @@ class DeviceStatsBatch:
         CUDA-only runs)."""
         self._kernel = _cpu_kernel.load() if self._use_kernel else None
         self._memo = _cpu_kernel.stats_memo() if self._kernel is not None and self._all_fused else None
+        if self._memo is not None:
+            self._sink = _cpu_kernel.row_sink(self._memo, self._entries, self._dtypes, self.add)
         return self._kernel
+
+    def row_sink(self):
+        """The native ``RowSink`` that builds a recorder's statistic.csv rows and adds their CPU
+        tensors to this batch in one call (``row_sink.cpp``), or None (no native memo: some
+        category needs torch, precision "low", or the module is unavailable)."""
+        if self._kernel is _UNRESOLVED:
+            self._resolve_kernel()
+        return self._sink
 
     def collect(self) -> List[List[Any]]:
         """Per added tensor, its values in category order (float, int or None).
@@ -475,7 +486,7 @@ class DeviceStatsBatch:
         front-end forgets every argument.)"""
         if self._memo is not None:
             self._memo.forget(tensor)
-        if tensor.numel():
+        if self._by_memory and tensor.numel():     # (empty when the memo took every tensor)
             dev, ptr, dtype, neg = tensor.device, tensor.data_ptr(), tensor.dtype, tensor.is_neg()
             self._by_memory.pop((dev, ptr, tensor.numel(), dtype, neg), None)
             self._by_memory.pop((dev, ptr, dtype, neg, tensor.shape, tensor.stride()), None)
@@ -489,7 +500,7 @@ class DeviceStatsBatch:
         operator runs; a version that moved further is left alone (no reuse)."""
         if self._memo is not None:
             self._memo.settle(tensor)
-        if not tensor.numel():
+        if not self._by_memory or not tensor.numel():
             return
         _, key = _memory_key(tensor)
         earlier = self._by_memory.get(key)

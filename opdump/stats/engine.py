@@ -97,6 +97,11 @@ class StatsEngine:
         every call into the engine under a lock of its own (the recorder's fast path)."""
         return self._batch.add if self._batch is not None else None
 
+    def device_row_sink(self):
+        """The batch's native row sink (see :meth:`DeviceStatsBatch.row_sink`), or None; like
+        :meth:`device_adder`, for a caller that holds a lock of its own around every call."""
+        return self._batch.row_sink() if self._batch is not None else None
+
     def device_forget(self, tensor: torch.Tensor) -> None:
         """``tensor`` is being written in place: later tensors on its memory are computed anew."""
         if self._batch is not None:

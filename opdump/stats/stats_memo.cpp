@@ -21,44 +21,17 @@
 // * a tensor with gaps of at most 32 MiB is copied to contiguous memory (without
 //   autograd, below Python dispatch modes) and read in one pass;
 // * the GIL is released while copying and reading; the map is only touched with it held.
-#include <torch/extension.h>
+#include "stats_memo.h"
 
 #include <functional>
-#include <unordered_map>
-#include <vector>
 
 pybind11::object fused_stats(const at::Tensor& x);   // cpu_kernel.cpp
+
+namespace opdump {
 
 namespace {
 
 constexpr int64_t kCopyLimit = int64_t(32) << 20;   // bytes; device.py's _COPY_LIMIT
-
-struct Key {
-  uintptr_t ptr;
-  int64_t numel;
-  int dtype;
-  std::vector<int64_t> geometry;   // empty when dense; sizes then strides when with gaps
-
-  bool operator==(const Key& o) const {
-    return ptr == o.ptr && numel == o.numel && dtype == o.dtype && geometry == o.geometry;
-  }
-};
-
-struct KeyHash {
-  size_t operator()(const Key& k) const {
-    size_t h = std::hash<uintptr_t>()(k.ptr);
-    h ^= std::hash<int64_t>()(k.numel) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
-    h ^= std::hash<int>()(k.dtype) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
-    for (int64_t g : k.geometry) h ^= std::hash<int64_t>()(g) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
-    return h;
-  }
-};
-
-struct Entry {
-  c10::weak_intrusive_ptr<c10::TensorImpl> tensor;
-  int64_t version;
-  int64_t index;
-};
 
 bool handled(const at::Tensor& t) {
   if (!t.defined() || !t.device().is_cpu() || t.layout() != at::kStrided || t.numel() == 0 ||
@@ -78,8 +51,8 @@ int64_t version_of(const at::Tensor& t) {
   return t.is_inference() ? -1 : t._version();
 }
 
-Key key_of(const at::Tensor& t, bool dense) {
-  Key k{reinterpret_cast<uintptr_t>(t.data_ptr()), t.numel(), static_cast<int>(t.scalar_type()), {}};
+MemoKey key_of(const at::Tensor& t, bool dense) {
+  MemoKey k{reinterpret_cast<uintptr_t>(t.data_ptr()), t.numel(), static_cast<int>(t.scalar_type()), {}};
   if (!dense) {
     k.geometry.assign(t.sizes().begin(), t.sizes().end());
     k.geometry.insert(k.geometry.end(), t.strides().begin(), t.strides().end());
@@ -87,71 +60,71 @@ Key key_of(const at::Tensor& t, bool dense) {
   return k;
 }
 
-class StatsMemo {
- public:
-  pybind11::object stats(const at::Tensor& t, int64_t index) {
-    if (!handled(t)) return pybind11::none();
-    const bool dense = t.is_non_overlapping_and_dense();
-    if (!dense && t.numel() * t.element_size() > kCopyLimit) return pybind11::none();
-    const int64_t version = version_of(t);
-    Key key = key_of(t, dense);
-    auto it = map_.find(key);
-    if (it != map_.end() && version >= 0 && it->second.version == version && !it->second.tensor.expired()) {
-      return pybind11::int_(it->second.index);
-    }
-    pybind11::object fused;
-    if (dense) {
-      fused = fused_stats(t);
-    } else {
-      at::Tensor copy;
-      {
-        pybind11::gil_scoped_release no_gil;
-        at::NoGradGuard no_grad;
-        c10::impl::ExcludeDispatchKeyGuard no_python(
-            c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
-        copy = t.contiguous();
-      }
-      fused = fused_stats(copy);
-    }
-    if (fused.is_none()) return fused;
-    ++reads_;
-    auto parts = fused.cast<pybind11::tuple>();
-    pybind11::object value = pybind11::make_tuple(parts[0], parts[1], parts[2], parts[3], t.numel());
-    map_.insert_or_assign(std::move(key),
-                          Entry{c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()), version, index});
-    return value;
-  }
-
-  // `t` is being written in place: nothing computed from its memory is reused.
-  void forget(const at::Tensor& t) {
-    if (!handled(t)) return;
-    map_.erase(key_of(t, true));
-    map_.erase(key_of(t, false));
-  }
-
-  // The operator that wrote `t` (just read as its output) has returned: the entry takes
-  // the version it now has if it moved by at most one (see DeviceStatsBatch.settle).
-  void settle(const at::Tensor& t) {
-    if (!handled(t)) return;
-    auto it = map_.find(key_of(t, t.is_non_overlapping_and_dense()));
-    if (it == map_.end()) return;
-    Entry& e = it->second;
-    const int64_t now = version_of(t);
-    if (e.version >= 0 && e.version <= now && now <= e.version + 1 && !e.tensor.expired()) e.version = now;
-  }
-
-  void clear() { map_.clear(); }
-  size_t size() const { return map_.size(); }
-  int64_t reads() const { return reads_; }
-
- private:
-  std::unordered_map<Key, Entry, KeyHash> map_;
-  int64_t reads_ = 0;   // tensors read (not found), over the memo's life
-};
-
 }  // namespace
 
+size_t MemoKeyHash::operator()(const MemoKey& k) const {
+  size_t h = std::hash<uintptr_t>()(k.ptr);
+  h ^= std::hash<int64_t>()(k.numel) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+  h ^= std::hash<int>()(k.dtype) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+  for (int64_t g : k.geometry) h ^= std::hash<int64_t>()(g) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+  return h;
+}
+
+pybind11::object StatsMemo::stats(const at::Tensor& t, int64_t index) {
+  if (!handled(t)) return pybind11::none();
+  const bool dense = t.is_non_overlapping_and_dense();
+  if (!dense && t.numel() * t.element_size() > kCopyLimit) return pybind11::none();
+  const int64_t version = version_of(t);
+  MemoKey key = key_of(t, dense);
+  auto it = map_.find(key);
+  if (it != map_.end() && version >= 0 && it->second.version == version && !it->second.tensor.expired()) {
+    return pybind11::int_(it->second.index);
+  }
+  pybind11::object fused;
+  if (dense) {
+    fused = fused_stats(t);
+  } else {
+    at::Tensor copy;
+    {
+      pybind11::gil_scoped_release no_gil;
+      at::NoGradGuard no_grad;
+      c10::impl::ExcludeDispatchKeyGuard no_python(
+          c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
+      copy = t.contiguous();
+    }
+    fused = fused_stats(copy);
+  }
+  if (fused.is_none()) return fused;
+  ++reads_;
+  auto parts = fused.cast<pybind11::tuple>();
+  pybind11::object value = pybind11::make_tuple(parts[0], parts[1], parts[2], parts[3], t.numel());
+  map_.insert_or_assign(std::move(key),
+                        MemoEntry{c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()), version, index});
+  return value;
+}
+
+// `t` is being written in place: nothing computed from its memory is reused.
+void StatsMemo::forget(const at::Tensor& t) {
+  if (!handled(t)) return;
+  map_.erase(key_of(t, true));
+  map_.erase(key_of(t, false));
+}
+
+// The operator that wrote `t` (just read as its output) has returned: the entry takes
+// the version it now has if it moved by at most one (see DeviceStatsBatch.settle).
+void StatsMemo::settle(const at::Tensor& t) {
+  if (!handled(t)) return;
+  auto it = map_.find(key_of(t, t.is_non_overlapping_and_dense()));
+  if (it == map_.end()) return;
+  MemoEntry& e = it->second;
+  const int64_t now = version_of(t);
+  if (e.version >= 0 && e.version <= now && now <= e.version + 1 && !e.tensor.expired()) e.version = now;
+}
+
+}  // namespace opdump
+
 void register_stats_memo(pybind11::module& m) {
+  using opdump::StatsMemo;
   pybind11::class_<StatsMemo>(m, "StatsMemo")
       .def(pybind11::init<>())
       .def("stats", &StatsMemo::stats,

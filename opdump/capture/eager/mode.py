@@ -380,10 +380,10 @@ class EagerCapture:
     def _dump_parameters(self, state: _Iteration, root: torch.nn.Module) -> None:
         compiled = [path for path, sub in root.named_modules() if path and is_compiled_wrapper(sub)]
         items = list(root.named_parameters()) + list(root.named_buffers())
-        recorder = self.session.recorder
         cfg = self.config
+        dumped = []
         for name, value in items:
-            if name in state.param_names or any(name.startswith(c + ".") for c in compiled):
+            if name in state.param_names or (compiled and any(name.startswith(c + ".") for c in compiled)):
                 continue
             if not isinstance(value, torch.Tensor):
                 continue
@@ -391,8 +391,10 @@ class EagerCapture:
             if state.listing:
                 state.params.append((name, (tuple(value.shape), dtype_name(value.dtype))))
                 state.producers[value] = f"%para{len(state.params)}_{name}"
-            if cfg.enable and self.session.device_allowed(value.device):
-                recorder.record_parameter(self._folder(state), name, value)
+            if cfg.enable and (value.is_cpu or self.session.device_allowed(value.device)):
+                dumped.append((name, value))
+        if dumped:
+            self.session.recorder.record_parameters(self._folder(state), dumped)
 
     # ------------------------------------------------------------------ operators
     def _op_type(self, func) -> Optional[Tuple[str, str]]:

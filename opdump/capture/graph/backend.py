@@ -210,7 +210,6 @@ class _GraphCapture:
                     constants.append(value)
         if not constants or not session.config.enable:
             return
-        folder = session.layout.constants_dir(graph_id)
-        for i, value in enumerate(constants):
-            session.recorder.record_parameter(folder, f"data-{i}", value)
+        session.recorder.record_parameters(session.layout.constants_dir(graph_id),
+                                           [(f"data-{i}", value) for i, value in enumerate(constants)])
 

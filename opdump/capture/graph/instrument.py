@@ -49,10 +49,9 @@ class GraphRuntime:
             self.folder = None
             return
         self.folder = folder = session.iteration_dir(self.graph_id)
-        for position, name in self.params:
-            value = placeholders[position]
-            if isinstance(value, torch.Tensor):
-                self.recorder.record_parameter(folder, name, value)
+        if self.params:
+            self.recorder.record_parameters(folder, [(name, placeholders[position]) for position, name in self.params
+                                                     if isinstance(placeholders[position], torch.Tensor)])
         if self.kernel_args:
             for op in self.ops:
                 if op.selected:
