@@ -13,7 +13,8 @@ if ! .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+
 fi
 .venv/bin/python -m pip install -q -e ".[test]"
 # opdump's native module (opdump/stats/cpu_kernel.cpp: the one-pass CPU statistics kernel;
-# stats_memo.cpp: its reuse for memory already read; cell_text.cpp: statistic.csv cell text),
+# stats_memo.cpp: its reuse for memory already read; row_sink.cpp: statistic.csv rows of
+# CPU tensors; cell_text.cpp: statistic.csv cell text),
 # compiled once per machine into
 # ~/.cache/torch_extensions; without a compiler opdump warns and uses torch and Python.
 .venv/bin/python - <<'PY'
