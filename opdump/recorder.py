@@ -166,12 +166,8 @@ class Recorder:
         ts = self.clock(len(tensors))
         recorded = 0
         with self._lock:
-            rows = self._pending.get(folder)
-            if rows is None:
-                rows = self._pending[folder] = []
-            sink = self._sink
-            if sink is _UNRESOLVED:
-                sink = self._sink = self.stats.device_row_sink()
+            rows = self._rows_of(folder)
+            sink = self._native_sink()
             if sink is not None:            # CPU tensors: the same rows, built natively (row_sink.cpp)
                 recorded = sink.record(rows, op_type, name, io, ts, tensors)
                 if recorded >= 0:
@@ -192,16 +188,11 @@ class Recorder:
         """Dump parameters/buffers/constants, ``(name, tensor)`` each, into ``folder``
         (``Parameter.<name>`` files / rows); device statistics of CPU tensors take the
         native row sink, under one lock and one clock read."""
-        sink = self._sink
-        if sink is _UNRESOLVED:
-            with self._lock:
-                sink = self._sink = self.stats.device_row_sink()
+        sink = self._native_sink()
         if sink is not None:
             ts = self.clock(len(items))
             with self._lock:
-                rows = self._pending.get(folder)
-                if rows is None:
-                    rows = self._pending[folder] = []
+                rows = self._rows_of(folder)
                 slow = []
                 for k, (name, tensor) in enumerate(items):
                     recorded = sink.record(rows, "Parameter", name, "output", ts + k, (tensor,))
@@ -213,6 +204,23 @@ class Recorder:
         for name, tensor in items:
             if isinstance(tensor, torch.Tensor) and not self._unsupported(tensor):
                 self._record(folder, "Parameter", name, "output", 0, tensor, parameter=True)
+
+    def _native_sink(self):
+        """The native row sink of the device-statistics fast path (resolved once), or None."""
+        sink = self._sink
+        if sink is _UNRESOLVED:
+            with self._lock:
+                if self._sink is _UNRESOLVED:
+                    self._sink = self.stats.device_row_sink()
+                sink = self._sink
+        return sink
+
+    def _rows_of(self, folder: str) -> list:
+        """The statistic.csv rows queued for ``folder`` (the caller holds ``self._lock``)."""
+        rows = self._pending.get(folder)
+        if rows is None:
+            rows = self._pending[folder] = []
+        return rows
 
     def _record(self, folder, op_type, op_name, io, slot, tensor, parameter=False, op=None) -> None:
         """``op``: the operator (its file-name stem; parameters have their own name form)."""
@@ -274,7 +282,7 @@ class Recorder:
                 device_handle = self.stats.device_launch(tensor)
                 if device_handle is not None and seen is not None:
                     seen.device_handle = device_handle
-            self._pending.setdefault(folder, []).append(prefix + (device_handle, host_future))
+            self._rows_of(folder).append(prefix + (device_handle, host_future))
 
     # ------------------------------------------------------------------ same tensor, seen again
     def _seen_entry(self, tensor: torch.Tensor) -> Optional["_Seen"]:
