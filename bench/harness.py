@@ -245,6 +245,79 @@ class NumpySaveBaseline:
         return self.bytes / self.seconds if self.seconds > 0 else float("nan")
 
 
+# --------------------------------------------------------------------------- memory cgroup
+class MemoryCgroup:
+    """A fresh memory cgroup (v1 or v2) under this process's own, limited to ``limit_bytes``:
+    resident memory *and* page cache of the processes in it, i.e. the RAM they are given.
+
+    ``preexec`` moves a child into it (``subprocess.run(..., preexec_fn=cg.preexec)``);
+    ``usage()`` reads its peak and its OOM kills after the child ran.  Needs a writable
+    cgroup tree (root here); :meth:`create` raises OSError naming what failed otherwise.
+    """
+
+    def __init__(self, path: str, version: int, limit_bytes: int):
+        self.path, self.version, self.limit = path, version, limit_bytes
+
+    @classmethod
+    def create(cls, name: str, limit_bytes: int) -> "MemoryCgroup":
+        with open("/proc/self/cgroup") as f:
+            lines = [ln.strip().split(":", 2) for ln in f if ln.strip()]
+        v1 = next((p for _, ctrl, p in lines if "memory" in ctrl.split(",")), None)
+        if v1 is not None and os.path.isdir("/sys/fs/cgroup/memory"):
+            path, version = os.path.join("/sys/fs/cgroup/memory", v1.lstrip("/"), name), 1
+        else:
+            v2 = next((p for h, ctrl, p in lines if h == "0" and ctrl == ""), None)
+            if v2 is None:
+                raise OSError("no memory cgroup in /proc/self/cgroup")
+            path, version = os.path.join("/sys/fs/cgroup", v2.lstrip("/"), name), 2
+        if os.path.isdir(path):
+            os.rmdir(path)
+        os.mkdir(path)
+        cg = cls(path, version, limit_bytes)
+        try:
+            cg._write("memory.limit_in_bytes" if version == 1 else "memory.max", str(limit_bytes))
+            if version == 2:
+                cg._write("memory.swap.max", "0")
+        except OSError:
+            cg.remove()
+            raise
+        return cg
+
+    def _write(self, name: str, value: str) -> None:
+        with open(os.path.join(self.path, name), "w") as f:
+            f.write(value)
+
+    def _read(self, name: str) -> str:
+        with open(os.path.join(self.path, name)) as f:
+            return f.read()
+
+    def preexec(self) -> None:
+        self._write("cgroup.procs", str(os.getpid()))
+
+    def usage(self) -> Dict[str, int]:
+        """{"peak_bytes": …, "oom_kills": …} (what this kernel's files say; absent keys: not given)."""
+        out: Dict[str, int] = {}
+        try:
+            out["peak_bytes"] = int(self._read("memory.max_usage_in_bytes" if self.version == 1 else "memory.peak"))
+        except (OSError, ValueError):
+            pass
+        try:
+            text = self._read("memory.oom_control" if self.version == 1 else "memory.events")
+            for line in text.splitlines():
+                key, _, val = line.partition(" ")
+                if key == "oom_kill":
+                    out["oom_kills"] = int(val)
+        except (OSError, ValueError):
+            pass
+        return out
+
+    def remove(self) -> None:
+        try:
+            os.rmdir(self.path)
+        except OSError:
+            pass
+
+
 # --------------------------------------------------------------------------- machine
 def peak_rss_mib() -> float:
     """Peak resident memory of this process image (VmHWM).
@@ -260,6 +333,18 @@ def peak_rss_mib() -> float:
     except (OSError, ValueError, IndexError):
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def swap_total_mib() -> Optional[float]:
+    """SwapTotal of /proc/meminfo in MiB (None where there is no such file)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("SwapTotal:"):
+                    return int(line.split()[1]) / 1024.0
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def machine_info(tmp_dir: str) -> Dict[str, str]:
