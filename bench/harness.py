@@ -13,7 +13,6 @@ import glob
 import json
 import os
 import platform
-import re
 import resource
 import shutil
 import statistics
@@ -255,8 +254,8 @@ class MemoryCgroup:
     cgroup tree (root here); :meth:`create` raises OSError naming what failed otherwise.
     """
 
-    def __init__(self, path: str, version: int, limit_bytes: int):
-        self.path, self.version, self.limit = path, version, limit_bytes
+    def __init__(self, path: str, version: int):
+        self.path, self.version = path, version
 
     @classmethod
     def create(cls, name: str, limit_bytes: int) -> "MemoryCgroup":
@@ -273,7 +272,7 @@ class MemoryCgroup:
         if os.path.isdir(path):
             os.rmdir(path)
         os.mkdir(path)
-        cg = cls(path, version, limit_bytes)
+        cg = cls(path, version)
         try:
             cg._write("memory.limit_in_bytes" if version == 1 else "memory.max", str(limit_bytes))
             if version == 2:
@@ -319,32 +318,34 @@ class MemoryCgroup:
 
 
 # --------------------------------------------------------------------------- machine
+def _proc_kib(path: str, key: str) -> Optional[int]:
+    """The ``key: N kB`` value of a /proc file (``/proc/meminfo``, ``/proc/self/status``), or None."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def peak_rss_mib() -> float:
     """Peak resident memory of this process image (VmHWM).
 
     Not ``ru_maxrss``: Linux carries that across fork + exec, so a child started by a
     big parent would report the parent's peak.
     """
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024.0
-    except (OSError, ValueError, IndexError):
-        pass
+    kib = _proc_kib("/proc/self/status", "VmHWM")
+    if kib is not None:
+        return kib / 1024.0
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def swap_total_mib() -> Optional[float]:
     """SwapTotal of /proc/meminfo in MiB (None where there is no such file)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("SwapTotal:"):
-                    return int(line.split()[1]) / 1024.0
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+    kib = _proc_kib("/proc/meminfo", "SwapTotal")
+    return None if kib is None else kib / 1024.0
 
 
 def machine_info(tmp_dir: str) -> Dict[str, str]:
@@ -359,16 +360,8 @@ def machine_info(tmp_dir: str) -> Dict[str, str]:
                     break
     except OSError:
         pass
-    mem = "unknown"
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal"):
-                    kb = int(re.findall(r"\d+", line)[0])
-                    mem = f"{kb / 1024 / 1024:.1f} GiB"
-                    break
-    except OSError:
-        pass
+    kib = _proc_kib("/proc/meminfo", "MemTotal")
+    mem = "unknown" if kib is None else f"{kib / 1024 / 1024:.1f} GiB"
     info["cpu"] = cpu
     info["cores"] = str(os.cpu_count())
     info["torch threads"] = str(torch.get_num_threads())

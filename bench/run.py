@@ -408,18 +408,22 @@ class Bench:
             modes.append("eager-tensor")
         for mode in modes:
             log(f"[memory] {mode}")
-            cmd = [sys.executable, os.path.abspath(__file__), "--child-memory", mode, "--tmp", self.tmp]
-            if self.quick:
-                cmd.append("--quick")
-            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-            line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("RESULT ")), None)
-            if proc.returncode != 0 or line is None:
-                out["runs"][mode] = {"error": (proc.stderr or proc.stdout).strip().splitlines()[-1:]}
-            else:
-                out["runs"][mode] = json.loads(line[len("RESULT "):])
+            out["runs"][mode] = self._child_memory(mode)
         if not self.quick:
             out["beyond_ram"] = self.beyond_ram([m for m in modes if m.endswith("tensor")])
         return out
+
+    def _child_memory(self, mode: str, preexec_fn=None) -> Dict[str, Any]:
+        """Run ``--child-memory mode`` in a fresh process: its RESULT, or {"error": its last line}."""
+        cmd = [sys.executable, os.path.abspath(__file__), "--child-memory", mode, "--tmp", self.tmp]
+        if self.quick:
+            cmd.append("--quick")
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, preexec_fn=preexec_fn)
+        line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("RESULT ")), None)
+        if proc.returncode != 0 or line is None:
+            last = (proc.stderr or proc.stdout).strip().splitlines() or [f"exit {proc.returncode}"]
+            return {"error": last[-1], "returncode": proc.returncode}
+        return {**json.loads(line[len("RESULT "):]), "returncode": proc.returncode}
 
     def beyond_ram(self, modes: List[str]) -> Dict[str, Any]:
         """Target 4's second half: the tensor dumps above, each in a child given less RAM (a
@@ -433,17 +437,10 @@ class Bench:
                 out["not_measured"] = f"no memory cgroup could be made here ({exc})"
                 return out
             try:
-                cmd = [sys.executable, os.path.abspath(__file__), "--child-memory", mode, "--tmp", self.tmp]
-                proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, preexec_fn=cg.preexec)
-                usage = cg.usage()
+                run = self._child_memory(mode, preexec_fn=cg.preexec)
+                run.update(cg.usage())
             finally:
                 cg.remove()
-            line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("RESULT ")), None)
-            run: Dict[str, Any] = {"returncode": proc.returncode, **usage}
-            if proc.returncode != 0 or line is None:
-                run["error"] = ((proc.stderr or proc.stdout).strip().splitlines() or [f"exit {proc.returncode}"])[-1]
-            else:
-                run.update(json.loads(line[len("RESULT "):]))
             out["runs"][mode] = run
         return out
 
