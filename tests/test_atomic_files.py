@@ -48,7 +48,6 @@ def test_short_writes_are_continued(tmp_path, monkeypatch):
     the rest follows, in order.  The short write is simulated at each boundary case."""
     array = np.arange(1000, dtype=np.float64)
     expected = _numpy_save_bytes(tmp_path, array)
-    real_writev = os.writev
     for short in (1, 64, 127, 128, 129, 4000):     # inside the header, at its end, inside the data
         def writev(fd, buffers, short=short):
             joined = b"".join(bytes(b) for b in buffers)
@@ -57,7 +56,6 @@ def test_short_writes_are_continued(tmp_path, monkeypatch):
         path = tmp_path / f"short{short}.npy"
         atomic_save_npy(str(path), array)
         assert path.read_bytes() == expected, short
-    monkeypatch.setattr(atomic.os, "writev", real_writev)
 
 
 def test_full_disk_leaves_no_file(tmp_path, monkeypatch):
