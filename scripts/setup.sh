@@ -14,8 +14,7 @@ fi
 .venv/bin/python -m pip install -q -e ".[test]"
 # opdump's native module (opdump/stats/cpu_kernel.cpp: the one-pass CPU statistics kernel;
 # stats_memo.cpp: its reuse for memory already read; row_sink.cpp: statistic.csv rows of
-# CPU tensors; cell_text.cpp: statistic.csv cell text),
-# compiled once per machine into
+# CPU tensors; cell_text.cpp: statistic.csv cell text), compiled once per machine into
 # ~/.cache/torch_extensions; without a compiler opdump warns and uses torch and Python.
 .venv/bin/python - <<'PY'
 from opdump.stats import cpu_kernel
