@@ -10,11 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
-ALL_STATISTICS = (
-    "max", "min", "avg", "count", "negative zero count", "positive zero count",
-    "nan count", "negative inf count", "positive inf count", "zero count", "md5", "l2norm",
-)
-DEFAULT_STATISTICS = ("max", "min", "l2norm")
+from ..format.statistics import ALL_STATISTICS, DEFAULT_STATISTICS   # the one table of categories
 
 
 @dataclass(frozen=True)

@@ -1,70 +1,28 @@
-"""The per-graph files: ``.ir`` listing, its machine-readable JSON twin, and the
-execution-order CSV (seed 000; SPEC F17, F18).
+"""Writing a graph's listing: the ``.ir``, its JSON twin and the execution-order CSV.
 
-The ``.ir`` is for people and grep: per operator its result, the call with its
-inputs and attributes, input → output shapes and dtypes, the full name (in both
-the seed's ``full_name_with_scope`` form and MindSpore 2.x's ``Fullname with
-scope`` form), and the source lines as ``# In file <path>(<line>)/ <code>/``.
+The texts are rendered by :mod:`opdump.format.listing` / :mod:`opdump.format.layout`;
+this module only writes them (whole files, temp + rename, through
+:meth:`~opdump.write.layout.Layout.write_small`).  Graph mode and eager mode both call
+:func:`write_listing`: one writer for the listing.
 """
 from __future__ import annotations
 
-import json
-from typing import Iterable, List, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
-from ..capture.op_info import OpInfo
+from ..format.layout import EXECUTION_ORDER_HEADER, render_execution_order
+from ..format.listing import render_graph_json, render_ir
 
-EXECUTION_ORDER_HEADER = "NodeExecutionOrder-FullNameWithScope"
-
-
-def _tensor_type(meta: Tuple) -> str:
-    shape, dtype = meta
-    dims = ", ".join(str(d) for d in shape)
-    return f"<Tensor[{dtype}], ({dims})>"
+__all__ = ["write_listing", "render_ir", "render_graph_json", "render_execution_order",
+           "EXECUTION_ORDER_HEADER"]
 
 
-def render_ir(graph_id: int, kind: str, ops: Sequence[OpInfo], params: Sequence[Tuple[str, Tuple]]) -> str:
-    """The ``ms_output_trace_code_graph_{id}.ir`` text."""
-    lines: List[str] = [f"# IR entry: @graph_{graph_id}", f"# Graph kind: {kind}", "",
-                        f"# Total params: {len(params)}", "# Params:"]
-    for i, (name, meta) in enumerate(params):
-        lines.append(f"%para{i + 1}_{name}: {_tensor_type(meta) if meta else '<Scalar>'}")
-    lines += ["", f"# Total operators: {len(ops)}", "", f"subgraph @graph_{graph_id}() {{"]
-    for op in ops:
-        attrs = ", ".join(f"{k}: {v}" for k, v in op.args.items())
-        lines.append(f"  %{op.index}({op.node_name}) = {op.op_type}.{op.overload}({op.arg_text})"
-                     + (f" {{{attrs}}}" if attrs else ""))
-        ins = ", ".join(_tensor_type(m) for m in op.input_meta)
-        outs = ", ".join(_tensor_type(m) for m in op.output_meta)
-        lines.append(f"      : ({ins}) -> ({outs})")
-        lines.append(f"      : full_name_with_scope: ({op.full_name})")
-        lines.append(f"      # Fullname with scope: ({op.full_name})")
-        for src in op.source:
-            lines.append(f"      {src.ir()}")
-    lines.append("}")
-    return "\n".join(lines) + "\n"
-
-
-def render_graph_json(graph_id: int, kind: str, ops: Sequence[OpInfo], params: Sequence[Tuple[str, Tuple]]) -> str:
-    """The machine-readable twin of the ``.ir`` (``ms_output_trace_code_graph_{id}.json``)."""
-    def tensors(metas):
-        return [{"shape": [str(d) if not isinstance(d, int) else d for d in shape], "dtype": dtype}
-                for shape, dtype in metas]
-
-    doc = {
-        "format": "opdump-graph-1",
-        "graph_id": graph_id,
-        "kind": kind,
-        "params": [{"name": n, **(tensors([m])[0] if m else {})} for n, m in params],
-        "ops": [{
-            "index": op.index, "full_name": op.full_name, "op_type": op.op_type, "overload": op.overload,
-            "scope": op.scope, "selected": op.selected,
-            "inputs": tensors(op.input_meta), "outputs": tensors(op.output_meta),
-            "source": [{"file": s.file, "line": s.line, "code": s.code, "function": s.function} for s in op.source],
-            "args": {k: str(v) for k, v in op.args.items()},
-        } for op in ops],
-    }
-    return json.dumps(doc, indent=1)
-
-
-def render_execution_order(full_names: Iterable[str]) -> str:
-    return EXECUTION_ORDER_HEADER + "\n" + "".join(f"{n}\n" for n in full_names)
+def write_listing(layout, graph_id: int, kind: str, ops: Sequence[Any],
+                  params: Sequence[Tuple[str, Optional[Tuple]]]) -> bytes:
+    """Write ``graphs/ms_output_trace_code_graph_{id}.{ir,json}`` and
+    ``execution_order/ms_execution_order_graph_{id}.csv`` for ``ops`` (in execution order).
+    Returns the execution-order CSV's bytes (eager mode also stores them per iteration)."""
+    order = render_execution_order(op.full_name for op in ops).encode()
+    layout.write_small(layout.ir_path(graph_id), render_ir(graph_id, kind, ops, params).encode())
+    layout.write_small(layout.ir_path(graph_id, "json"), render_graph_json(graph_id, kind, ops, params).encode())
+    layout.write_small(layout.execution_order_path(graph_id), order)
+    return order

@@ -1,4 +1,5 @@
-"""Where every file of a dump goes: the MindSpore CPU/GPU layout (seed 000, SPEC §5).
+"""Where every file of a dump goes: creates the folders and files of the MindSpore
+CPU/GPU layout whose names :mod:`opdump.format.layout` defines (docs/design.md, "Layout").
 
 ```
 {path}/rank_{rank}/.dump_metadata/{data_dump.json,config.json,manifest.json}
@@ -12,19 +13,21 @@ Every path is built from sanitized parts and checked to stay under the root.
 from __future__ import annotations
 
 import os
-import secrets
 import threading
 from typing import Dict
 
+from ..format import layout as fmt
+from ..format.files import MAPPING_FILE, mapped_file_name, mapping_line, too_long
+from ..format.names import sanitize
 from .atomic import atomic_write_bytes
-from .names import sanitize, too_long
+from .graph_files import write_listing
 
 
 class Layout:
     def __init__(self, root: str, rank: int, net_name: str):
         self.root = os.path.abspath(root)
         self.rank = int(rank)
-        self.rank_dir = os.path.join(self.root, f"rank_{self.rank}")
+        self.rank_dir = os.path.join(self.root, fmt.rank_dir_name(self.rank))
         self.net_dir = os.path.join(self.rank_dir, sanitize(net_name))
         self._made: set = set()
         self._lock = threading.Lock()
@@ -42,34 +45,35 @@ class Layout:
 
     @property
     def metadata_dir(self) -> str:
-        return self._dir(os.path.join(self.rank_dir, ".dump_metadata"))
+        return self._dir(os.path.join(self.rank_dir, fmt.METADATA_DIR))
 
     @property
     def graphs_dir(self) -> str:
-        return self._dir(os.path.join(self.rank_dir, "graphs"))
+        return self._dir(os.path.join(self.rank_dir, fmt.GRAPHS_DIR))
 
     @property
     def execution_order_dir(self) -> str:
-        return self._dir(os.path.join(self.rank_dir, "execution_order"))
+        return self._dir(os.path.join(self.rank_dir, fmt.EXECUTION_ORDER_DIR))
 
     def iteration_dir(self, graph_id: int, iteration: int) -> str:
         """The iteration folder's path; it is created by :meth:`place` when its first file is
         written (in a writer thread: a mkdir per graph call is ~0.3 ms on the training thread).
         The graph folder is checked once; the iteration part is a number and cannot escape it."""
-        return os.path.join(self._dir(os.path.join(self.net_dir, str(int(graph_id)))), str(int(iteration)))
+        return os.path.join(self._dir(os.path.join(self.net_dir, str(int(graph_id)))),
+                            fmt.iteration_dir_name(iteration))
 
     def constants_dir(self, graph_id: int) -> str:
-        return self._dir(os.path.join(self.net_dir, str(int(graph_id)), "constants"))
+        return self._dir(os.path.join(self.net_dir, str(int(graph_id)), fmt.CONSTANTS_DIR))
 
     # -- graph-level files
     def ir_path(self, graph_id: int, ext: str = "ir") -> str:
-        return os.path.join(self.graphs_dir, f"ms_output_trace_code_graph_{int(graph_id)}.{ext}")
+        return os.path.join(self.graphs_dir, fmt.graph_file_name(graph_id, ext))
 
     def execution_order_path(self, graph_id: int) -> str:
-        return os.path.join(self.execution_order_dir, f"ms_execution_order_graph_{int(graph_id)}.csv")
+        return os.path.join(self.execution_order_dir, fmt.execution_order_file_name(graph_id))
 
     def global_execution_order_path(self, graph_id: int) -> str:
-        return os.path.join(self.execution_order_dir, f"ms_global_execution_order_graph_{int(graph_id)}.csv")
+        return os.path.join(self.execution_order_dir, fmt.global_execution_order_file_name(graph_id))
 
     def _ensure(self, folder: str) -> None:
         """Create ``folder`` (a path this layout built) once."""
@@ -91,13 +95,23 @@ class Layout:
         with self._lock:
             mapped = self._mapped.get(key)
             if mapped is None:
-                ext = file_name.rsplit(".", 1)[-1]
-                mapped = f"{secrets.randbelow(10 ** 18):018d}{secrets.randbelow(10 ** 18):018d}.{ext}"
+                mapped = mapped_file_name(file_name)
                 self._mapped[key] = mapped
-                line = f"{mapped},{file_name}\n".encode("utf-8")
-                with open(os.path.join(folder, "mapping.csv"), "ab") as f:
+                line = mapping_line(mapped, file_name).encode("utf-8")
+                with open(os.path.join(folder, MAPPING_FILE), "ab") as f:
                     f.write(line)
         return os.path.join(folder, mapped)
+
+    def write_listing(self, graph_id: int, kind: str, ops, params) -> bytes:
+        """A graph's ``.ir``, ``.json`` and execution order (:func:`.graph_files.write_listing`);
+        capture reaches the writer through the layout its session holds."""
+        return write_listing(self, graph_id, kind, ops, params)
+
+    def write_iteration_order(self, folder: str, graph_id: int, full_names) -> None:
+        """An iteration's own execution order, ``{folder}/ms_execution_order_graph_{id}.csv``
+        (eager graphs, whose operators may differ between iterations)."""
+        self.write_small(os.path.join(folder, fmt.execution_order_file_name(graph_id)),
+                         fmt.render_execution_order(full_names).encode())
 
     def write_small(self, path: str, data: bytes) -> None:
         self._ensure(os.path.dirname(path))

@@ -1,20 +1,16 @@
 """Tensor files: :class:`TensorFile` (one dumped ``.npy``), loading arrays without pickle
-(memory-mapped when possible), reading shape and dtype from the ``.npy`` header only, and
-splitting dump file names (``{op_type}.{op_name}.{task}.{stream}.{ts}.{io}.{slot}.{format}[.{dtype}].npy``,
-and the unconverted Ascend protobuf names) into their fields.
+(memory-mapped when possible) and reading shape and dtype from the ``.npy`` header only.
+File names are split by :mod:`opdump.format.files`, the grammar the writer builds them with.
 """
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
-from .names import _looks_like_dtype
-
-_RAW_RE = re.compile(r"^[^.]+\.[^.]+\.\d+\.\d+\.\d+$")      # {op_type}.{op_name}.{task}.{stream}.{ts}
+from ...format.files import parse_tensor_name
 
 
 @dataclass
@@ -42,7 +38,7 @@ class TensorFile:
 
     def header(self) -> Tuple[Tuple[int, ...], np.dtype]:
         """(shape, stored numpy dtype) from the ``.npy`` header only."""
-        return _npy_header(self.path)
+        return npy_header(self.path)
 
     @property
     def shape(self) -> Tuple[int, ...]:
@@ -66,7 +62,8 @@ def load_array(path: str, mmap: bool = True) -> np.ndarray:
     return np.load(path, allow_pickle=False)
 
 
-def _npy_header(path: str) -> Tuple[Tuple[int, ...], np.dtype]:
+def npy_header(path: str) -> Tuple[Tuple[int, ...], np.dtype]:
+    """(shape, dtype) of a ``.npy`` file from its header (the data is not read)."""
     with open(path, "rb") as f:
         version = np.lib.format.read_magic(f)
         if version == (1, 0):
@@ -78,36 +75,12 @@ def _npy_header(path: str) -> Tuple[Tuple[int, ...], np.dtype]:
     return tuple(shape), dtype
 
 
-_IO = ("input", "output")
+_npy_header = npy_header       # old name, used by opdump.analysis.common
 
 
 def parse_tensor_filename(name: str) -> Optional[Dict[str, Any]]:
-    """Split ``{op_type}.{op_name}.{task}.{stream}.{ts}.{io}.{slot}.{format}[.{dtype}].npy``.
-
-    Returns None when the name does not follow the pattern.  Accepts the older
-    form without the dtype field and msaccucmp's ``….{io}.{slot}.{AxB}.npy``.
-    """
-    if not name.endswith(".npy"):
-        return None
-    toks = name[:-4].split(".")
-    io_idx = None
-    if len(toks) >= 9 and toks[-4] in _IO and toks[-3].isdigit():
-        io_idx, dtype = len(toks) - 4, toks[-1]
-        fmt = toks[-2]
-    elif len(toks) >= 8 and toks[-3] in _IO and toks[-2].isdigit():
-        io_idx, dtype = len(toks) - 3, None
-        fmt = toks[-1]
-        if _looks_like_dtype(fmt):  # some writers put dtype where format is
-            dtype = fmt
-    if io_idx is None or io_idx < 5:
-        return None
-    ts, stream, task = toks[io_idx - 1], toks[io_idx - 2], toks[io_idx - 3]
-    if not (ts.isdigit() and stream.lstrip("-").isdigit() and task.lstrip("-").isdigit()):
-        return None
-    return {
-        "op_type": toks[0],
-        "op_file": ".".join(toks[1:io_idx - 3]),
-        "task_id": int(task), "stream_id": int(stream), "timestamp": int(ts),
-        "io": toks[io_idx], "slot": int(toks[io_idx + 1]),
-        "format": fmt, "dtype": dtype,
-    }
+    """The fields of a tensor file name as a dict (op_type, op_file, task_id, stream_id,
+    timestamp, io, slot, format, dtype); None when it is not one.  See
+    :func:`opdump.format.files.parse_tensor_name`."""
+    parsed = parse_tensor_name(name)
+    return parsed.as_dict() if parsed is not None else None

@@ -6,21 +6,22 @@ warning about unconverted or incomplete dumps.
 from __future__ import annotations
 
 import os
-import re
 import warnings
 from pathlib import Path
 from typing import Dict, List, Tuple
 
+from ...format.files import NPY, STATISTIC_FILE, is_raw_name
+from ...format.layout import RANK_RE as _RANK_RE
+from ...format.layout import WORLD_RANK_RE as _WORLD_RE
 from .dump import Dump
-from .files import _RAW_RE
 
 
 class DumpError(Exception):
     """The path is not a readable dump."""
 
 
-_RANK_RE = re.compile(r"^rank_(\d+)$")
-_WORLD_RE = re.compile(r"^worldsize\d+_global_rank(\d+)$")
+def _is_dump_file(name: str) -> bool:
+    return name.endswith("." + NPY) or name == STATISTIC_FILE
 
 
 def _find_rank_dirs(p: Path) -> Tuple[List[Tuple[int, Path]], bool]:
@@ -41,13 +42,13 @@ def _find_rank_dirs(p: Path) -> Tuple[List[Tuple[int, Path]], bool]:
         if mm:
             return [(int(mm.group(1)), parent)], False
     # a bare folder of dump files
-    if p.is_dir() and any(e.name.endswith(".npy") or e.name == "statistic.csv" for e in os.scandir(p)):
+    if p.is_dir() and any(_is_dump_file(e.name) for e in os.scandir(p)):
         return [(0, p)], True
     return [], False
 
 
 def _find_acl(p: Path, max_depth: int = 8) -> Dict[int, List[Tuple[str, int, int, Path]]]:
-    """The ACL/GE layout (seeds 001, 003, 004; SPEC F25):
+    """The ACL/GE layout (docs/design.md, "Layout"):
     ``{dump_path}/[worldsize{N}_global_rank{r}/]{time}/{device_id}/{model_name}/{model_id}/{iteration}/files``.
     Returns rank -> [(model_name, model_id, iteration, folder)]; the rank is ``r`` of the
     torchair folder, else the device id."""
@@ -57,7 +58,7 @@ def _find_acl(p: Path, max_depth: int = 8) -> Dict[int, List[Tuple[str, int, int
         depth = len(Path(dirpath).parts) - base_depth
         if depth >= max_depth:
             dirnames[:] = []
-        if not any(f.endswith(".npy") or f == "statistic.csv" or _RAW_RE.match(f) for f in filenames):
+        if not any(_is_dump_file(f) or is_raw_name(f) for f in filenames):
             continue
         parts = Path(dirpath).relative_to(p).parts
         if len(parts) < 4:

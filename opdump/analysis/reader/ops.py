@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from .names import sanitize
-from .sources import SourceFrame
+from ...format.names import sanitize
+from .sources import SourceFrame, is_library_file
 
 
 @dataclass
@@ -29,13 +29,14 @@ class OpInfo:
 
     @property
     def file_name(self) -> str:
+        """The operator's name as its files carry it (:func:`opdump.format.names.sanitize`)."""
         return sanitize(self.full_name)
 
     @property
     def user_frame(self) -> Optional[SourceFrame]:
         """The innermost frame that is not library code (else the innermost frame)."""
         for fr in reversed(self.sources):
-            if not fr.is_library:
+            if not is_library_file(fr.file):
                 return fr
         return self.sources[-1] if self.sources else None
 

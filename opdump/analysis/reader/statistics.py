@@ -1,6 +1,6 @@
 """Statistics files: reading one ``statistic.csv`` into rows with normalised column names
-(:data:`STAT_COLUMNS` maps the headers MindSpore and opdump write), numbers parsed,
-shapes normalised to ``(a,b,c)`` whether quoted or not.
+(the headers MindSpore and opdump write, mapped by :mod:`opdump.format.statistics`),
+numbers parsed, shapes normalised to ``(a,b,c)`` whether quoted or not.
 """
 from __future__ import annotations
 
@@ -9,22 +9,12 @@ import re
 from pathlib import Path
 from typing import Any, Dict, List
 
-#: statistic.csv header -> column name in the tables of this module
-STAT_COLUMNS = {
-    "Max Value": "max", "Min Value": "min", "Avg Value": "avg", "Count": "count",
-    "Negative Zero Count": "negative_zero_count", "Positive Zero Count": "positive_zero_count",
-    "NaN Count": "nan_count", "Nan Count": "nan_count",
-    "Negative Inf Count": "negative_inf_count", "Positive Inf Count": "positive_inf_count",
-    "Zero Count": "zero_count", "MD5": "md5", "MD5 Value": "md5",
-    "L2Norm Value": "l2norm", "l2norm": "l2norm",
-    "Finite Max Value": "finite_max", "Finite Min Value": "finite_min",
-}
-_STRUCT_COLUMNS = {
-    "Op Type": "op_type", "Op Name": "op", "Task ID": "task_id", "Stream ID": "stream_id",
-    "Timestamp": "timestamp", "IO": "io", "Input/Output": "io", "Slot": "slot",
-    "Data Size": "data_size", "Data Type": "dtype", "Format": "format", "Shape": "shape",
-}
-NUMERIC_STATS = [c for c in dict.fromkeys(STAT_COLUMNS.values()) if c != "md5"]
+from ...format.statistics import BASE_KEYS, HEADER_KEYS, NUMERIC_KEYS
+
+#: statistic.csv header -> column name in the tables of this module (opdump.format.statistics)
+STAT_COLUMNS = HEADER_KEYS
+_STRUCT_COLUMNS = BASE_KEYS
+NUMERIC_STATS = list(NUMERIC_KEYS)
 
 
 def _num(v: str) -> float:
@@ -42,7 +32,7 @@ def _num(v: str) -> float:
         return float("nan")
 
 
-def _read_statistic_csv(path: Path) -> List[Dict[str, Any]]:
+def read_statistic_csv(path: Path) -> List[Dict[str, Any]]:
     """Rows of one statistic.csv as dicts (normalised column names).
 
     Shapes such as ``(2,3)`` are accepted quoted or not (an unquoted shape spans
@@ -69,7 +59,7 @@ def _read_statistic_csv(path: Path) -> List[Dict[str, Any]]:
                     j += 1
                 rec = rec[:shape_i] + [",".join(rec[shape_i:j + 1])] + rec[j + 1:]
             if len(rec) < len(header):
-                continue  # torn row (F38 says it cannot happen; be safe)
+                continue  # torn row (whole files are written, so only a foreign writer's)
             row: Dict[str, Any] = {}
             for h, v in zip(header, rec):
                 key = _STRUCT_COLUMNS.get(h) or STAT_COLUMNS.get(h) or h
@@ -96,3 +86,4 @@ def _norm_shape(v: Any) -> str:
     else:
         nums = [int(x) for x in re.findall(r"-?\d+", str(v))]
     return "(" + ",".join(str(n) for n in nums) + ")"
+

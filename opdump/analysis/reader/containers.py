@@ -1,0 +1,70 @@
+"""The objects of a read dump: :class:`Rank` -> :class:`Graph` / :class:`Iteration`.
+Plain records filled by :mod:`.scan`; nothing here reads files.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from .files import TensorFile
+from .ops import OpInfo
+
+
+@dataclass
+class Iteration:
+    """One iteration folder (or a graph's ``constants/`` folder: ``iteration`` None)."""
+
+    rank: int
+    net: str
+    graph: int
+    iteration: Optional[int]
+    path: Path
+    files: List[TensorFile] = field(default_factory=list)
+    stats: List[Dict[str, Any]] = field(default_factory=list)
+    kernel_args: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # op_file -> args
+    raw_files: List[str] = field(default_factory=list)   # Ascend protobuf ("bin") files, not converted
+    #: this iteration's own execution order (eager graphs write one per iteration); empty: the graph's
+    execution_order: List[str] = field(default_factory=list)
+
+
+@dataclass
+class Graph:
+    """A graph: its operators (listing and execution order) and the iterations it ran in."""
+
+    rank: int
+    graph_id: int
+    kind: Optional[str] = None
+    ops: List[OpInfo] = field(default_factory=list)
+    execution_order: List[str] = field(default_factory=list)
+    iterations_run: List[int] = field(default_factory=list)
+    ir_path: Optional[Path] = None
+    json_path: Optional[Path] = None
+
+    def op(self, name: str) -> Optional[OpInfo]:
+        for o in self.ops:
+            if o.full_name == name or o.file_name == name:
+                return o
+        return None
+
+
+@dataclass
+class Rank:
+    """One ``rank_N`` folder: its metadata, graphs and iteration folders."""
+
+    rank_id: int
+    path: Path
+    data_dump: Dict[str, Any] = field(default_factory=dict)
+    config: Dict[str, Any] = field(default_factory=dict)
+    manifest: Optional[Dict[str, Any]] = None
+    graphs: Dict[int, Graph] = field(default_factory=dict)
+    iterations: List[Iteration] = field(default_factory=list)
+    name_map: Dict[str, str] = field(default_factory=dict)    # file-name form -> full name
+
+    @property
+    def complete(self) -> Optional[bool]:
+        """``manifest.json``'s ``complete`` (opdump dumps); None when unknown (e.g. MindSpore)."""
+        if self.manifest is None:
+            return None
+        v = self.manifest.get("complete")
+        return bool(v) if v is not None else None

@@ -1,0 +1,169 @@
+"""The graph listing: ``ms_output_trace_code_graph_{id}.ir`` and its JSON twin.
+
+Why: the ``.ir`` is for people and grep, the ``.json`` for programs; the writer renders
+both from the operators capture recorded and the reader parses them back (it also
+parses MindSpore's own ``.ir``) (docs/design.md, "Graph listing").
+
+Per operator the ``.ir`` gives its result, the call with inputs and attributes,
+input -> output shapes and dtypes, the full name (in the seed's
+``full_name_with_scope`` form and MindSpore 2.x's ``Fullname with scope`` form) and
+its source lines (:mod:`.sources`).  The JSON (``"format": "opdump-graph-1"``) holds
+the same per operator: index, full_name, op_type, overload, scope, selected, inputs,
+outputs (``{shape, dtype}``), source (``{file, line, code, function}``), args.
+
+Rendering takes any objects with the attributes of ``opdump.capture.op_info.OpInfo``
+(duck-typed: format depends on nothing above it).  Guarantees: for operators whose
+full names hold no ``)`` followed by the end of a line, :func:`parse_ir` of
+:func:`render_ir` gives back every full name, in order, with its source frames and
+tensor types; :func:`parse_graph_json` of :func:`render_graph_json` gives back every
+field.
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from .sources import SourceFrame, parse_source_line, render_source_line
+
+GRAPH_JSON_FORMAT = "opdump-graph-1"
+Meta = Tuple[Tuple[Any, ...], str]          # (shape, dtype name)
+
+
+def _tensor_type(meta: Meta) -> str:
+    shape, dtype = meta
+    dims = ", ".join(str(d) for d in shape)
+    return f"<Tensor[{dtype}], ({dims})>"
+
+
+def render_ir(graph_id: int, kind: str, ops: Sequence[Any], params: Sequence[Tuple[str, Optional[Meta]]]) -> str:
+    """The ``ms_output_trace_code_graph_{id}.ir`` text."""
+    lines: List[str] = [f"# IR entry: @graph_{graph_id}", f"# Graph kind: {kind}", "",
+                        f"# Total params: {len(params)}", "# Params:"]
+    for i, (name, meta) in enumerate(params):
+        lines.append(f"%para{i + 1}_{name}: {_tensor_type(meta) if meta else '<Scalar>'}")
+    lines += ["", f"# Total operators: {len(ops)}", "", f"subgraph @graph_{graph_id}() {{"]
+    for op in ops:
+        attrs = ", ".join(f"{k}: {v}" for k, v in op.args.items())
+        lines.append(f"  %{op.index}({op.node_name}) = {op.op_type}.{op.overload}({op.arg_text})"
+                     + (f" {{{attrs}}}" if attrs else ""))
+        ins = ", ".join(_tensor_type(m) for m in op.input_meta)
+        outs = ", ".join(_tensor_type(m) for m in op.output_meta)
+        lines.append(f"      : ({ins}) -> ({outs})")
+        lines.append(f"      : full_name_with_scope: ({op.full_name})")
+        lines.append(f"      # Fullname with scope: ({op.full_name})")
+        for src in op.source:
+            lines.append("      " + render_source_line(src.file, src.line, src.code))
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def render_graph_json(graph_id: int, kind: str, ops: Sequence[Any],
+                      params: Sequence[Tuple[str, Optional[Meta]]]) -> str:
+    """The machine-readable twin of the ``.ir`` (``ms_output_trace_code_graph_{id}.json``)."""
+    def tensors(metas):
+        return [{"shape": [str(d) if not isinstance(d, int) else d for d in shape], "dtype": dtype}
+                for shape, dtype in metas]
+
+    doc = {
+        "format": GRAPH_JSON_FORMAT,
+        "graph_id": graph_id,
+        "kind": kind,
+        "params": [{"name": n, **(tensors([m])[0] if m else {})} for n, m in params],
+        "ops": [{
+            "index": op.index, "full_name": op.full_name, "op_type": op.op_type, "overload": op.overload,
+            "scope": op.scope, "selected": op.selected,
+            "inputs": tensors(op.input_meta), "outputs": tensors(op.output_meta),
+            "source": [{"file": s.file, "line": s.line, "code": s.code, "function": s.function} for s in op.source],
+            "args": {k: str(v) for k, v in op.args.items()},
+        } for op in ops],
+    }
+    return json.dumps(doc, indent=1)
+
+
+# ---------------------------------------------------------------- parsing
+def parse_graph_json(doc: Dict[str, Any]) -> Tuple[Optional[str], List[Dict[str, Any]]]:
+    """(graph kind, operators) of a parsed graph JSON document.  Each operator:
+    ``{full_name, op_type, scope, sources: [SourceFrame], inputs, outputs, args}``
+    (``op_type``/``scope`` None when the document lacks them); entries without a full
+    name or with malformed source frames are skipped, never raised."""
+    ops = []
+    for o in doc.get("ops", []) or []:
+        if not isinstance(o, dict) or not o.get("full_name"):
+            continue
+        sources = []
+        for s in o.get("source", []) or []:
+            try:
+                sources.append(SourceFrame(str(s.get("file", "")), int(s.get("line", 0)), s.get("line_end"),
+                                           None, None, str(s.get("code", "") or "").strip()))
+            except (TypeError, ValueError, AttributeError):
+                pass
+        ops.append({"full_name": o["full_name"], "op_type": o.get("op_type"), "scope": o.get("scope"),
+                    "sources": sources, "inputs": list(o.get("inputs", []) or []),
+                    "outputs": list(o.get("outputs", []) or []), "args": dict(o.get("args", {}) or {})})
+    return doc.get("kind"), ops
+
+
+_FULLNAME_RES = (
+    re.compile(r"#\s*Fullname with scope:\s*\((?P<name>.+)\)\s*$"),
+    re.compile(r"full_name_with_scope:\s*\((?P<name>.+)\)\s*$"),
+)
+_IR_NODE_RE = re.compile(r"^\s*%\d+(?:\([^)]*\))?\s*=\s*(?P<prim>[^\s(]+)")
+_IR_BARE_NODE_RE = re.compile(r"^ {0,2}(?P<prim>[A-Za-z_][\w.]*)\(")        # Return(%1) …
+_IR_TYPES_RE = re.compile(r"^\s*:\s*\((?P<ins>.*)\)\s*->\s*\((?P<outs>.*)\)\s*$")
+_IR_TENSOR_RE = re.compile(r"<(?:Ref\[)?Tensor\[(?P<dtype>\w+)\]\]?,\s*\((?P<shape>[^)]*)\)")
+
+
+def _parse_ir_types(text: str) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
+    m = _IR_TYPES_RE.match(text)
+    if not m:
+        return [], []
+
+    def _t(s):
+        out = []
+        for tm in _IR_TENSOR_RE.finditer(s):
+            shape = [int(x) for x in re.findall(r"-?\d+", tm.group("shape"))]
+            out.append({"dtype": tm.group("dtype"), "shape": shape})
+        return out
+    return _t(m.group("ins")), _t(m.group("outs"))
+
+
+def parse_ir(text: str) -> List[Dict[str, Any]]:
+    """Operators of a ``.ir`` text: ``[{full_name, sources: [SourceFrame], inputs, outputs}]``.
+
+    Accepts MindSpore 2.x (``# Fullname with scope: (…)``, ``# In file f:l~l, c~c/ code/``)
+    and opdump's / the seed's form (``: full_name_with_scope: (…)``, ``# In file f(l)/ code/``).
+    """
+    ops: List[Dict[str, Any]] = []
+    cur: Optional[Dict[str, Any]] = None
+    for line in text.split("\n"):
+        m = _IR_NODE_RE.match(line) or _IR_BARE_NODE_RE.match(line)
+        if m and not line.lstrip().startswith(("#", ":")):
+            cur = {"full_name": None, "sources": [], "inputs": [], "outputs": [], "prim": m.group("prim")}
+            ops.append(cur)
+            continue
+        if cur is None:
+            continue
+        s = line.strip()
+        if s.startswith("}"):
+            cur = None
+            continue
+        if cur["full_name"] is None:
+            for rx in _FULLNAME_RES:
+                m = rx.search(s)
+                if m:
+                    cur["full_name"] = m.group("name").strip()
+                    break
+            else:
+                if not cur["inputs"] and not cur["outputs"] and s.startswith(":"):
+                    cur["inputs"], cur["outputs"] = _parse_ir_types(s)
+                elif s.startswith("#") and "In file" in s:
+                    fr = parse_source_line(s)
+                    if fr:
+                        cur["sources"].append(fr)
+            continue
+        if "In file" in s:
+            fr = parse_source_line(s)
+            if fr:
+                cur["sources"].append(fr)
+    return [o for o in ops if o["full_name"]]
