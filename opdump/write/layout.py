@@ -14,33 +14,40 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Dict
+from typing import Callable, Dict, Optional
 
 from ..format import layout as fmt
 from ..format.files import MAPPING_FILE, mapped_file_name, mapping_line, too_long
 from ..format.names import sanitize
-from .atomic import atomic_write_bytes
-from .graph_files import write_listing
+from .atomic import atomic_save_npy, atomic_write_bytes
+from .safe_fs import DumpTree
+from .statistic_csv import StatisticCsv
+from .graph_files import write_execution_order, write_listing
 
 
 class Layout:
-    def __init__(self, root: str, rank: int, net_name: str):
+    def __init__(self, root: str, rank: int, net_name: str, tree: Optional[DumpTree] = None,
+                 on_error: Optional[Callable[[BaseException], None]] = None):
+        """``tree``: the rank folder, open (:mod:`.safe_fs`: every folder and file below it is
+        reached without following a link); ``on_error``: where a failed write made on the
+        caller's thread is reported (the session's writer) instead of raising."""
         self.root = os.path.abspath(root)
         self.rank = int(rank)
         self.rank_dir = os.path.join(self.root, fmt.rank_dir_name(self.rank))
         self.net_dir = os.path.join(self.rank_dir, sanitize(net_name))
+        if tree is None:
+            tree = DumpTree(self.rank_dir)
+            tree.open()
+        self.tree = tree
+        self._on_error = on_error
         self._made: set = set()
         self._lock = threading.Lock()
         self._mapped: Dict[tuple, str] = {}
 
     # -- folders
     def _dir(self, path: str) -> str:
-        if path not in self._made:
-            real = os.path.realpath(path)
-            if not (real == self.root or real.startswith(os.path.realpath(self.root) + os.sep)):
-                raise ValueError(f"opdump refuses to write outside the dump root: {path}")
-            os.makedirs(path, exist_ok=True)
-            self._made.add(path)
+        """A folder's path; no system call: it is created, without following links, when
+        its first file is written (:class:`.safe_fs.DumpTree`)."""
         return path
 
     @property
@@ -79,7 +86,7 @@ class Layout:
         """Create ``folder`` (a path this layout built) once."""
         if folder not in self._made:
             with self._lock:
-                os.makedirs(folder, exist_ok=True)
+                self.tree.ensure_folder(folder)
                 if len(self._made) > 4096:      # one per graph and iteration: keep it bounded
                     self._made.clear()
                 self._made.add(folder)
@@ -87,8 +94,8 @@ class Layout:
     # -- file names over 255 bytes
     def place(self, folder: str, file_name: str) -> str:
         """The full path of ``file_name`` in ``folder``; a name over 255 bytes is replaced
-        by random digits (keeping the extension) and recorded in ``mapping.csv``."""
-        self._ensure(folder)
+        by random digits (keeping the extension) and recorded in ``mapping.csv``.  No
+        system call for an ordinary name: the folder is made with the file."""
         if not too_long(file_name):
             return os.path.join(folder, file_name)
         key = (folder, file_name)
@@ -98,21 +105,39 @@ class Layout:
                 mapped = mapped_file_name(file_name)
                 self._mapped[key] = mapped
                 line = mapping_line(mapped, file_name).encode("utf-8")
-                with open(os.path.join(folder, MAPPING_FILE), "ab") as f:
-                    f.write(line)
+                try:
+                    with self.tree.open_append(os.path.join(folder, MAPPING_FILE)) as fd:
+                        os.write(fd, line)
+                except Exception as exc:     # noqa: BLE001 - reported: dumping stops
+                    self._report(exc)
         return os.path.join(folder, mapped)
 
-    def write_listing(self, graph_id: int, kind: str, ops, params) -> bytes:
-        """A graph's ``.ir``, ``.json`` and execution order (:func:`.graph_files.write_listing`);
-        capture reaches the writer through the layout its session holds."""
-        return write_listing(self, graph_id, kind, ops, params)
+    def write_listing(self, graph_id: int, kind: str, ops, params) -> None:
+        """A graph's ``.ir`` and ``.json`` (:func:`.graph_files.write_listing`); capture reaches
+        the writer through the layout its session holds, without importing :mod:`opdump.write`."""
+        write_listing(self, graph_id, kind, ops, params)
 
-    def write_iteration_order(self, folder: str, graph_id: int, full_names) -> None:
-        """An iteration's own execution order, ``{folder}/ms_execution_order_graph_{id}.csv``
-        (eager graphs, whose operators may differ between iterations)."""
-        self.write_small(os.path.join(folder, fmt.execution_order_file_name(graph_id)),
-                         fmt.render_execution_order(full_names).encode())
+    def write_execution_order(self, graph_id: int, full_names, folder: Optional[str] = None) -> None:
+        """The graph's execution order, or with ``folder`` one iteration's own
+        (:func:`.graph_files.write_execution_order`)."""
+        write_execution_order(self, graph_id, full_names, folder)
 
     def write_small(self, path: str, data: bytes) -> None:
-        self._ensure(os.path.dirname(path))
-        atomic_write_bytes(path, data)
+        """Write a small file whole; an error is reported to ``on_error`` (never raised into
+        the training thread that writes listings and metadata)."""
+        try:
+            atomic_write_bytes(path, data, self.tree)
+        except Exception as exc:             # noqa: BLE001 - reported: dumping stops
+            self._report(exc)
+
+    def save_npy(self, path: str, array) -> None:
+        """A tensor file (in a writer job: errors go to the writer)."""
+        atomic_save_npy(path, array, self.tree)
+
+    def statistic_csv(self, path: str, categories) -> StatisticCsv:
+        return StatisticCsv(path, categories, self.tree)
+
+    def _report(self, exc: BaseException) -> None:
+        if self._on_error is None:
+            raise exc
+        self._on_error(exc)
