@@ -204,10 +204,11 @@ def test_cnn_tensors_match_independent_capture(cnn_run):
     # backward: grad_output of the conv (retain_grad) and the weight gradient
     conv_bw = first(order, "Gradients/Default/CNN/conv-Conv2d/", "convolution_backward")
     np.testing.assert_array_equal(load(files, conv_bw, "input", 0), seen["conv"][2].numpy())
-    # the input needs no gradient: outputs are (weight grad, bias grad); a None output takes no slot
-    assert len([f for f in files if f.op_name == sanitize(conv_bw) and f.io == "output"]) == 2
-    np.testing.assert_array_equal(load(files, conv_bw, "output", 0), seen["grads"]["conv.weight"].numpy())
-    np.testing.assert_array_equal(load(files, conv_bw, "output", 1), seen["grads"]["conv.bias"].numpy())
+    # the input needs no gradient: outputs are (None, weight grad, bias grad); the None keeps
+    # its slot, as in graph mode (README, Output layout: slot)
+    assert sorted(f.slot for f in files if f.op_name == sanitize(conv_bw) and f.io == "output") == [1, 2]
+    np.testing.assert_array_equal(load(files, conv_bw, "output", 1), seen["grads"]["conv.weight"].numpy())
+    np.testing.assert_array_equal(load(files, conv_bw, "output", 2), seen["grads"]["conv.bias"].numpy())
     # parameters: the values iteration 1's forward used
     for name in ("conv.weight", "bn.running_mean", "head.bias"):
         hits = [f for f in os.listdir(os.path.join(cnn_run["root"], "rank_0", "Net", "0", "1"))

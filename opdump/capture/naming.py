@@ -1,4 +1,4 @@
-"""Operator full names shared by both capture front-ends (SPEC §4).
+"""Operator full names and source frames shared by both capture front-ends (README, Output layout).
 
 full name = scope + ``/`` + ``<OpType>-op<N>``; scope ``Default/<Root>/<name-Class>/…``
 for forward operators, ``Gradients/<forward scope>`` for backward ones.
@@ -6,9 +6,9 @@ for forward operators, ``Gradients/<forward scope>`` for backward ones.
 from __future__ import annotations
 
 import re
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
-from .op_info import SourceLine
+from .op_info import SourceLine, visible_frames
 
 _ROOT_PREFIX = re.compile(r"^L\['[^']*'\]")
 _GETATTR = re.compile(r"getattr\((.*),\s*'([^']*)'\)")
@@ -66,13 +66,15 @@ def backward_scope(forward_scope: str) -> str:
 
 
 def parse_stack_trace(stack_trace: Optional[str]) -> Tuple[SourceLine, ...]:
-    """Frames of an FX ``stack_trace`` string, outermost first."""
+    """The user-visible frames of an FX ``stack_trace`` string, outermost first: the same
+    rule as eager mode (:func:`opdump.capture.op_info.visible_frames`: library code such as
+    ``transformers`` kept, torch, the standard library and opdump dropped)."""
     if not stack_trace:
         return ()
-    return tuple(
+    return visible_frames([
         SourceLine(m.group("file"), int(m.group("line")), m.group("code").strip(), m.group("func").strip())
         for m in _FRAME.finditer(stack_trace)
-    )
+    ])
 
 
 def class_name(cls) -> str:
@@ -93,6 +95,3 @@ def stack_pairs(nn_module_stack) -> Tuple[Tuple[str, str], ...]:
 def stack_ids(nn_module_stack) -> Tuple[str, ...]:
     return tuple(str(k) for k in (nn_module_stack or {}).keys())
 
-
-def format_args(values: Iterable) -> str:
-    return ", ".join(values)

@@ -3,8 +3,11 @@ mode, at first sight in eager mode) so that the per-step path only copies and
 enqueues."""
 from __future__ import annotations
 
+import os
+import re
+import sysconfig
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 
 class cached_property:
@@ -54,6 +57,7 @@ class OpInfo:
     mutates: bool = False              # writes to an argument (in-place / out=)
     node_name: str = ""
     arg_text: str = ""                 # inputs as written in the .ir line
+    nonfinite_args: bool = False       # a non-tensor argument is Inf/NaN or a float type's extreme
 
     @cached_property
     def full_name(self) -> str:
@@ -62,19 +66,65 @@ class OpInfo:
     @cached_property
     def file_stem(self) -> str:
         """``{op_type}.{op_name}`` as it starts every file name of this operator (sanitized once)."""
-        from ..write.names import file_stem
+        from ..format.names import file_stem
         return file_stem(self.op_type, self.full_name)
 
-    def user_source(self) -> Optional[SourceLine]:
-        """The innermost frame of the user's own code (not torch or site-packages)."""
-        for src in reversed(self.source):
-            if not _is_library(src.file):
-                return src
-        return self.source[-1] if self.source else None
+
+# The largest finite magnitudes of float16, bfloat16, float32 and float64: a scalar equal to
+# one of them is a ``finfo.min``-style mask value that turns into Inf in a narrower dtype.
+_EXTREMES = frozenset((65504.0, 3.3895313892515355e+38, 3.4028234663852886e+38, 1.7976931348623157e+308))
 
 
-_LIBRARY_MARKERS = ("site-packages", "dist-packages", "/torch/", "/lib/python")
+def is_nonfinite_scalar(value: Any) -> bool:
+    """Is ``value`` a Python float (or a list/tuple holding one) that is Inf, NaN or a float
+    type's extreme (``torch.finfo(dtype).min``/``.max``)?  Such an argument makes an operator's
+    inputs non-finite (README, Analysis: overflow): the operator is not an overflow origin."""
+    if type(value) is float:
+        return value != value or abs(value) == float("inf") or abs(value) in _EXTREMES
+    if type(value) in (list, tuple):
+        return any(is_nonfinite_scalar(v) for v in value)
+    return False
 
 
-def _is_library(path: str) -> bool:
-    return any(marker in path for marker in _LIBRARY_MARKERS)
+# Where a frame's file belongs (README, Analysis: locate).  An operator's source lines are the
+# frames *visible* to the user: their own code and libraries such as ``transformers``; torch,
+# the standard library and opdump itself are hidden (opdump's bundled demo models are the
+# user's code for this purpose).
+VISIBLE, HIDDEN, OPDUMP = 1, 0, 2
+
+_OPDUMP_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_DEMO_DIR = _OPDUMP_DIR + "demo" + os.sep
+_TORCH_PARTS = tuple(f"{os.sep}{name}{os.sep}" for name in ("torch", "functorch", "torchgen"))
+_STDLIB_DIRS = tuple(sorted({os.path.join(p, "") for p in (sysconfig.get_paths().get("stdlib"),
+                                                           sysconfig.get_paths().get("platstdlib")) if p}))
+_PACKAGES = ("site-packages", "dist-packages")
+_STDLIB_RE = re.compile(r"[/\\]lib[/\\]python\d[\d.]*[/\\]")
+
+
+def frame_kind(path: str) -> int:
+    """:data:`VISIBLE`, :data:`HIDDEN` or :data:`OPDUMP` (opdump's own code, also hidden) for a
+    frame's file name."""
+    if path.startswith("<"):
+        return HIDDEN if path.startswith(("<frozen", "<eval_with_key>")) else VISIBLE
+    if path.startswith(_OPDUMP_DIR):
+        return VISIBLE if path.startswith(_DEMO_DIR) else OPDUMP
+    if any(part in path for part in _TORCH_PARTS):
+        return HIDDEN
+    if any(part in path for part in _PACKAGES):
+        return VISIBLE
+    if path.startswith(_STDLIB_DIRS) or _STDLIB_RE.search(path):
+        return HIDDEN
+    return VISIBLE
+
+
+def visible_frames(frames: Sequence[SourceLine]) -> Tuple[SourceLine, ...]:
+    """The user-visible frames of a stack given outermost first: hidden ones dropped, and
+    nothing outward of opdump's own code (its launcher runs the user's script)."""
+    kept: List[SourceLine] = []
+    for frame in reversed(frames):
+        kind = frame_kind(frame.file)
+        if kind == VISIBLE:
+            kept.append(frame)
+        elif kind == OPDUMP and kept:
+            break
+    return tuple(reversed(kept))

@@ -1,4 +1,4 @@
-"""Eager capture (SPEC F11): a ``TorchDispatchMode`` that sees every ATen operator.
+"""Eager capture: a ``TorchDispatchMode`` that sees every ATen operator.
 
 ``EagerCapture(session).start()`` (or ``with EagerCapture(session):``) installs
 
@@ -37,10 +37,20 @@ Decisions (README-ready):
   the rest (SPEC F12).  Every top-level call is recorded with
   ``session.note_graph_ran`` (the global execution order).
 * **Files per dumped iteration.** The ``.ir``/``.json`` listing of graph
-  ``{graph_id}`` is the operators as executed in the first dumped iteration
-  (graph kind ``eager``); ``execution_order/ms_execution_order_graph_{id}.csv`` is
-  that iteration's order, and each dumped iteration writes its own order as
-  ``ms_execution_order_graph_{id}.csv`` inside its iteration folder.
+  ``{graph_id}`` (graph kind ``eager``) is every operator seen in any dumped
+  iteration, in first-seen order (rewritten when an iteration adds one, see
+  :mod:`.state`); ``execution_order/ms_execution_order_graph_{id}.csv`` is the
+  first dumped iteration's order, and each dumped iteration writes its own order
+  as ``ms_execution_order_graph_{id}.csv`` inside its iteration folder.
+* **Source lines.** The innermost user-visible frame (the user's code or a
+  library such as ``transformers``; not torch, the standard library or opdump)
+  is an operator's line; the listing keeps the whole visible stack (see
+  :mod:`.sources`).  Backward operators take their forward operator's lines.
+* **Forward hooks.** Operators run by a module's own forward hooks carry that
+  module's scope: the module leaves the scope stack after its last hook.
+* **Non-finite arguments.** An operator with an Inf/NaN non-tensor argument
+  (``scalar_tensor(-inf)``, ``masked_fill(…, -inf)``, ``finfo.min``) is flagged
+  ``nonfinite_args`` in the listing: it is not an overflow origin.
 * **Parameters.** At the first call of each root in a dumped iteration its
   parameters and buffers are dumped as ``Parameter.<path>`` — the values the
   forward uses (before the update).  Parameters of compiled sub-modules are left
@@ -64,18 +74,18 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
-from ..graph.ops import _NOT_OPERATORS
-from ..naming import backward_scope, op_type_of
+from ..naming import backward_scope
 from ..op_info import OpInfo
-from ...write.dtypes import dtype_name
-from ...write.graph_files import render_execution_order, render_graph_json, render_ir
+from .parameters import index_parameters, parameters_to_dump
+from .schema import facts_of
 from .scopes import ScopeTracker, _scope_of, display_class, is_compiled_wrapper
 from .sources import walk
+from .state import TOP, IterationState, Listing, Phase
+from .values import arg_text, flat_tensors, has_nonfinite_arg, meta, non_tensor_args, output_slots, tensors_at
 
 _current_node = torch._C._current_autograd_node
 _get_sequence_nr = torch.autograd._get_sequence_nr
 _is_compiling = torch.compiler.is_compiling
-_TOP = ("Default", (), ())
 _ACCUMULATE = "torch::autograd::AccumulateGrad"
 _GLOBAL_HOOK_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"
 
@@ -105,28 +115,6 @@ class _DumpMode(TorchDispatchMode):
         return cap._dispatch(func, args, kwargs or {})
 
 
-class _Iteration:
-    """What the capture collects during one dumped iteration."""
-
-    def __init__(self, number: int, listing: bool):
-        self.number = number
-        self.listing = listing                     # this iteration's ops make the .ir listing
-        self.n = 0
-        self.ops: List[OpInfo] = []                # listing iteration: every captured op
-        self.names: List[str] = []                 # other iterations: full names only
-        self.seq: Dict[int, Tuple[str, Tuple[str, ...]]] = {}   # autograd seq nr -> forward (scope, ids)
-        self.modules: Dict[int, Tuple[str, Tuple[str, ...]]] = {}  # id(module) -> first (scope, ids)
-        self.owners: Dict[int, Tuple] = {}         # id(parameter) -> (id(module), (path, class) pairs, root)
-        self.roots_done: set = set()
-        self.param_names: set = set()
-        self.params: List[Tuple[str, Tuple]] = []  # .ir params: (name, (shape, dtype))
-        self.folder: Optional[str] = None
-        self.producers = None
-        if listing:
-            from torch.utils.weak import WeakIdKeyDictionary
-            self.producers = WeakIdKeyDictionary()
-
-
 class EagerCapture:
     """Dump eager operators of ``session`` (default: the current session)."""
 
@@ -146,27 +134,24 @@ class EagerCapture:
         self.roots = None if root_modules is None else {id(m) for m in self._root_list}
         self.graph_id: Optional[int] = None
         self.tracker = ScopeTracker()
+        self.listing = Listing()
         self._mode: Optional[_DumpMode] = None
         self._handles: List[Any] = []
+        self._tails: Dict[int, Any] = {}      # id(module) -> handle of our last forward hook on it
         self._optimizers: List[str] = []
         self._checked: Optional[int] = None
         self._dumping = False
         self._internal = 0
         self._active = False
         self._started = False
-        self._state: Optional[_Iteration] = None
+        self._state: Optional[IterationState] = None
         self._counts_iter: Optional[int] = None
-        self._ir_written = False
-        # per operator overload, keyed by id(): OpOverloads live for the whole process, and
-        # their Python-level __hash__ costs more than the lookup itself
-        self._op_types: Dict[int, Optional[Tuple[str, str]]] = {}
+        self._dumped_any = False
         # config decisions read per operator, resolved once
         self._dump_in = cfg.dump_inputs
         self._dump_out = cfg.dump_outputs
         self._kernel_args = cfg.save_kernel_args
         self._select_all = session.selector.mode == 0
-        self._mutated: Dict[int, Tuple[Tuple[int, str], ...]] = {}
-        self._written: Dict[int, Tuple[Tuple[Tuple[int, str], ...], bool]] = {}
         # outputs of the last in-place operator whose recorded version must catch up with
         # autograd's bump (see Recorder.settle), settled when the next operator arrives
         self._unsettled: List[torch.Tensor] = []
@@ -231,9 +216,10 @@ class EagerCapture:
             else:   # another mode was entered after ours and is still active: ours stays, inert
                 warnings.warn("opdump: EagerCapture.stop() while another dispatch mode entered later is active; "
                               "the capture is off but its mode stays on the stack", RuntimeWarning, stacklevel=2)
-        for handle in self._handles:
+        for handle in self._handles + list(self._tails.values()):
             handle.remove()
         self._handles = []
+        self._tails.clear()
         self.tracker.stack.clear()
         self._optimizers.clear()
         state, self._state = self._state, None
@@ -260,7 +246,7 @@ class EagerCapture:
             self._finish(state)
         self._dumping = self._active and session.is_dumping()
         if self._dumping and self._state is None:
-            self._state = _Iteration(it, listing=not self._ir_written)
+            self._state = IterationState(it, first=not self._dumped_any)
 
     def _iteration_end(self, iteration: int) -> None:
         state = self._state
@@ -272,44 +258,50 @@ class EagerCapture:
         if self._active:   # the session is about to move to iteration + 1
             self._sync_mode(session.enabled and (iteration + 1) in session.config.iteration)
 
-    def _folder(self, state: _Iteration) -> str:
+    def _folder(self, state: IterationState) -> str:
         if state.folder is None:
             state.folder = self.session.iteration_dir(self.graph_id)
         return state.folder
 
-    def _finish(self, state: _Iteration) -> None:
-        """Write the listing / execution order of a finished iteration; flush its statistics."""
+    def _finish(self, state: IterationState) -> None:
+        """Write the listing (when it grew) and the execution order of a finished iteration;
+        flush its statistics."""
         session = self.session
         self._unsettled = []
         self._internal += 1
         try:
             if state.n:
-                gid = self.graph_id
-                layout = session.layout
-                path = os.path.join(self._folder(state), os.path.basename(layout.execution_order_path(gid)))
-                if state.listing:
-                    order = render_execution_order([op.full_name for op in state.ops]).encode()
-                    layout.write_small(layout.ir_path(gid), render_ir(gid, "eager", state.ops, state.params).encode())
-                    layout.write_small(layout.ir_path(gid, "json"),
-                                       render_graph_json(gid, "eager", state.ops, state.params).encode())
-                    layout.write_small(layout.execution_order_path(gid), order)
-                    layout.write_small(path, order)
-                    self._ir_written = True
-                else:
-                    # every other iteration: its order file is made in the writer (a folder and a
-                    # file created per step, ~0.3 ms, off the training thread)
-                    names = state.names
-                    session.writer.submit(
-                        lambda: layout.write_small(path, render_execution_order(names).encode()))
+                self._dumped_any = True
+                self._write_files(state)
             session.recorder.flush_statistics()
         finally:
             self._internal -= 1
+
+    def _write_files(self, state: IterationState) -> None:
+        gid = self.graph_id
+        layout = self.session.layout
+        listing = self.listing
+        folder = self._folder(state)
+        if listing.dirty:
+            layout.write_listing(gid, "eager", list(listing.ops.values()), listing.params)
+            listing.dirty = False
+        if not listing.order_written:
+            layout.write_execution_order(gid, state.names)
+            layout.write_execution_order(gid, state.names, folder)
+            listing.order_written = True
+        else:
+            # every other iteration: its order file is made in the writer (a folder and a
+            # file created per step, ~0.3 ms, off the training thread)
+            names = state.names
+            self.session.writer.submit(lambda: layout.write_execution_order(gid, names, folder))
 
     # ------------------------------------------------------------------ hooks
     def _module_pre(self, module, args) -> None:
         if _is_compiling() or not self._active:
             return
         tracker = self.tracker
+        if module._forward_hooks:
+            self._hook_last(module)
         if not tracker.stack:
             if self.roots is not None and id(module) not in self.roots:
                 return
@@ -319,7 +311,27 @@ class EagerCapture:
         if self._dumping and self._state is not None and not frame.transparent:
             self._state.modules.setdefault(id(module), (frame.scope, frame.ids))
 
+    def _hook_last(self, module) -> None:
+        """``module`` has forward hooks of its own, which torch runs after the global ones:
+        make sure our last hook runs after them, and leaves the scope there, so that the
+        operators of the module's hooks carry its scope."""
+        hooks = module._forward_hooks
+        handle = self._tails.get(id(module))
+        if handle is None or handle.id not in hooks:
+            handle = self._tails[id(module)] = module.register_forward_hook(self._module_last, always_call=True)
+        elif next(reversed(hooks)) != handle.id:
+            hooks.move_to_end(handle.id)
+
     def _module_post(self, module, args, output) -> None:
+        if _is_compiling():
+            return
+        handle = self._tails.get(id(module))
+        if handle is not None and handle.id in module._forward_hooks:
+            return                      # left by _module_last, after the module's own hooks
+        if self.tracker.stack:
+            self.tracker.pop(module)
+
+    def _module_last(self, module, args, output) -> None:
         if _is_compiling():
             return
         if self.tracker.stack:
@@ -344,9 +356,11 @@ class EagerCapture:
                 state.roots_done.add(id(module))
                 self._internal += 1
                 try:
-                    self._index_parameters(state, module, frame.root)
+                    index_parameters(state, module, frame.root)
                     if not is_compiled_wrapper(module):
-                        self._dump_parameters(state, module)
+                        dumped = parameters_to_dump(session, state, self.listing, module)
+                        if dumped:
+                            session.recorder.record_parameters(self._folder(state), dumped)
                 finally:
                     self._internal -= 1
 
@@ -358,86 +372,7 @@ class EagerCapture:
         if not _is_compiling() and self._optimizers:
             self._optimizers.pop()
 
-    # ------------------------------------------------------------------ parameters
-    def _index_parameters(self, state: _Iteration, root: torch.nn.Module, root_class: str) -> None:
-        """Which module owns each parameter (scope of its gradient accumulation), also inside
-        compiled sub-modules, whose modules the hooks do not see."""
-        classes = {}
-        for path, sub in root.named_modules(remove_duplicate=False):
-            if is_compiled_wrapper(sub):
-                continue                    # its _orig_mod children carry the names
-            clean = ".".join(part for part in path.split(".") if part != "_orig_mod")
-            classes.setdefault(clean, display_class(sub))
-            pairs = None
-            for p in sub._parameters.values():
-                if p is not None and id(p) not in state.owners:
-                    if pairs is None:
-                        parts = clean.split(".") if clean else []
-                        pairs = tuple((".".join(parts[:i]), classes.get(".".join(parts[:i]), "Module"))
-                                      for i in range(1, len(parts) + 1))
-                    state.owners[id(p)] = (id(sub), pairs, root_class)
-
-    def _dump_parameters(self, state: _Iteration, root: torch.nn.Module) -> None:
-        compiled = [path for path, sub in root.named_modules() if path and is_compiled_wrapper(sub)]
-        items = list(root.named_parameters()) + list(root.named_buffers())
-        cfg = self.config
-        dumped = []
-        for name, value in items:
-            if name in state.param_names or (compiled and any(name.startswith(c + ".") for c in compiled)):
-                continue
-            if not isinstance(value, torch.Tensor):
-                continue
-            state.param_names.add(name)
-            if state.listing:
-                state.params.append((name, (tuple(value.shape), dtype_name(value.dtype))))
-                state.producers[value] = f"%para{len(state.params)}_{name}"
-            if cfg.enable and (value.is_cpu or self.session.device_allowed(value.device)):
-                dumped.append((name, value))
-        if dumped:
-            self.session.recorder.record_parameters(self._folder(state), dumped)
-
     # ------------------------------------------------------------------ operators
-    def _op_type(self, func) -> Optional[Tuple[str, str]]:
-        try:
-            return self._op_types[id(func)]
-        except KeyError:
-            pass
-        result = None
-        if isinstance(func, torch._ops.OpOverload):
-            result = op_type_of(func)
-            if result[0] in _NOT_OPERATORS:
-                result = None
-        self._op_types[id(func)] = result
-        return result
-
-    def _mutated_args(self, func) -> Tuple[Tuple[int, str], ...]:
-        """(position, name) of the arguments an operator returning nothing writes to."""
-        try:
-            return self._mutated[id(func)]
-        except KeyError:
-            pass
-        schema = getattr(func, "_schema", None)
-        out = self._written_args(func)[0] if schema is not None and not schema.returns else ()
-        self._mutated[id(func)] = out
-        return out
-
-    def _written_args(self, func) -> Tuple[Tuple[Tuple[int, str], ...], bool]:
-        """((position, name) of the arguments an operator writes to, does it write a list?)"""
-        try:
-            return self._written[id(func)]
-        except KeyError:
-            pass
-        written: Tuple[Tuple[int, str], ...] = ()
-        lists = False
-        schema = getattr(func, "_schema", None)
-        if schema is not None:
-            args = [(i, a) for i, a in enumerate(schema.arguments)
-                    if a.alias_info is not None and a.alias_info.is_write]
-            written = tuple((i, a.name) for i, a in args)
-            lists = any(isinstance(a.type, torch.ListType) for _, a in args)
-        self._written[id(func)] = hit = (written, lists)
-        return hit
-
     def _settle(self) -> None:
         """The in-place operator whose outputs were recorded last has returned (autograd
         bumped their versions after the mode): their recordings take the new version."""
@@ -446,7 +381,7 @@ class EagerCapture:
         for t in tensors:
             settle(t)
 
-    def _backward_scope(self, state: _Iteration, node) -> Tuple[str, Tuple[str, ...], Tuple]:
+    def _backward_scope(self, state: IterationState, node) -> Tuple[str, Tuple[str, ...], Tuple]:
         """Scope, module ids and source lines of the forward operator a backward node belongs to."""
         info = state.seq.get(node._sequence_nr())
         if info is None and node.name() == _ACCUMULATE:
@@ -457,67 +392,85 @@ class EagerCapture:
                 info = state.modules.get(module_id) or (_scope_of(pairs, root), ())
                 info = (info[0], info[1], ())
         if info is None:
-            info = _TOP
+            info = TOP
         return backward_scope(info[0]), info[1], info[2]
+
+    def _phase(self, state: IterationState, node) -> Optional[Phase]:
+        """Where the operator runs; None when the capture leaves it alone."""
+        if node is not None:
+            return None if node.name().startswith("CompiledFunction") else Phase.BACKWARD
+        if self._optimizers:
+            return Phase.OPTIMIZER
+        if self.tracker.stack:
+            return Phase.MODULE
+        if self.capture_all:
+            return Phase.OUTSIDE
+        state.seq.setdefault(_get_sequence_nr() - 1, TOP)
+        return None
 
     def _dispatch(self, func, args, kwargs):
         state = self._state
         if state is None:
             return func(*args, **kwargs)
         node = _current_node()
-        stack = self.tracker.stack
-        if node is not None:
-            if node.name().startswith("CompiledFunction"):
-                return func(*args, **kwargs)
-            kind = 2
-        elif self._optimizers:
-            kind = 3
-        elif stack:
-            kind = 1
-        else:
-            kind = 0
-            if not self.capture_all:
-                state.seq.setdefault(_get_sequence_nr() - 1, _TOP)
-                return func(*args, **kwargs)
-        types = self._op_type(func)
-        if types is None:
+        phase = self._phase(state, node)
+        if phase is None:
             return func(*args, **kwargs)
-        listing = state.listing
-        if kind == 2 and not listing:
-            # a backward operator's compiled region is its node (checked above), and only the
-            # listing shows source lines: no stack walk
+        facts = facts_of(func)
+        if facts.types is None:
+            return func(*args, **kwargs)
+        first = state.first
+        if phase is Phase.BACKWARD and not first:
+            # a backward operator's compiled region is its node (checked above), and it shows
+            # its forward operator's lines: no stack walk
             sources = ()
         else:
-            compiled, sources = walk(2, listing)
+            compiled, sources = walk(2, first)      # (this frame and the mode's skipped)
             if compiled:
                 return func(*args, **kwargs)
-        if kind == 1:
-            top = stack[-1]
+        if phase is Phase.MODULE:
+            top = self.tracker.stack[-1]
             scope, ids = top.scope, top.ids
-        elif kind == 2:
-            # a backward operator points at its forward operator's source line
+        elif phase is Phase.BACKWARD:
             scope, ids, forward_sources = self._backward_scope(state, node)
             sources = forward_sources or sources
-        elif kind == 3:
+        elif phase is Phase.OPTIMIZER:
             scope, ids = f"Default/optimizer-{self._optimizers[-1]}", ()
         else:
-            scope, ids = _TOP[0], _TOP[1]
-        if kind <= 1:
-            state.seq.setdefault(_get_sequence_nr() - 1, (scope, ids, sources))
+            scope, ids = TOP[0], TOP[1]
         index = state.n
         state.n = index + 1
-        op_type, overload = types
+        op_type, overload = facts.types
         op = OpInfo(index, op_type, scope, overload, ids, sources)
+        name = op.full_name
+        listed = self.listing.ops.get(name)
+        describe = listed is None
+        if describe:
+            if not first and not sources:
+                sources = op.source = walk(2, True)[1]
+            op.nonfinite_args = has_nonfinite_arg(args, kwargs)
+        else:
+            sources = listed.source
+            if not listed.nonfinite_args and has_nonfinite_arg(args, kwargs):
+                listed.nonfinite_args = True        # seen in a later iteration: the listing says so
+                self.listing.dirty = True
+        if phase <= Phase.MODULE:
+            state.seq.setdefault(_get_sequence_nr() - 1, (scope, ids, sources))
+        state.names.append(name)
+        return self._run(state, op, describe, func, args, kwargs, facts)
+
+    def _run(self, state: IterationState, op: OpInfo, describe: bool, func, args, kwargs, facts):
+        """Run a captured operator: its inputs recorded before, its outputs after."""
         selected = True if self._select_all else self._select(op)
         op.selected = selected
         kernel_args = selected and self._kernel_args
-        if listing or kernel_args:
-            op.args = _non_tensor_args(func, args, kwargs)
+        if describe or kernel_args:
+            op.args = non_tensor_args(func, args, kwargs)
         recorder = self.session.recorder
         dump_in = selected and self._dump_in
-        inputs = _flat_tensors(args, []) if (dump_in or listing) else ()
-        if kwargs and (dump_in or listing):
-            _flat_tensors(kwargs.values(), inputs)
+        inputs = flat_tensors(args, []) if (dump_in or describe) else ()
+        if kwargs and (dump_in or describe):
+            flat_tensors(kwargs.values(), inputs)
         if selected:
             folder = state.folder or self._folder(state)
             if dump_in and inputs:
@@ -526,42 +479,33 @@ class EagerCapture:
                 recorder.record_kernel_args(folder, op)
         out = func(*args, **kwargs)
         written = ()
-        if selected and _writes(func):      # its arguments changed: recorded copies/statistics are stale
-            positions, lists = self._written_args(func)
-            written = _tensors_at(args, kwargs, positions)
+        if selected and facts.writes:      # its arguments changed: recorded copies/statistics are stale
+            written = tensors_at(args, kwargs, facts.written)
             # ``_foreach_*`` ops do not bump version counters under a dispatch mode, so views
             # of what they wrote are not guarded: forget every argument, as the safe side
-            for t in (_flat_tensors(args, _flat_tensors(kwargs.values(), [])) if lists else written):
+            for t in (flat_tensors(args, flat_tensors(kwargs.values(), [])) if facts.writes_list else written):
                 recorder.forget(t)
         dump_out = selected and self._dump_out
-        if dump_out or listing:
-            mutated = self._mutated_args(func)
-            if mutated:
-                outputs = _tensors_at(args, kwargs, mutated)
-            elif type(out) is torch.Tensor:
-                outputs = [out]
-            else:
-                outputs = _flat_tensors((out,), [])
+        if dump_out or describe:
+            outputs = tensors_at(args, kwargs, facts.mutated) if facts.mutated else output_slots(out)
             if dump_out:
                 if outputs:
                     recorder.record_all(state.folder or self._folder(state), op, "output",
                                         self._on_allowed_devices(outputs))
                 if written:
                     self._unsettled = written
-            if listing:
-                self._describe(state, op, func, args, kwargs, inputs, outputs)
-        if listing:
-            state.ops.append(op)
-        else:
-            state.names.append(op.full_name)
+            if describe:
+                self._describe(op, args, kwargs, inputs, outputs)
+        if describe:
+            self.listing.add(op)
         return out
 
-    def _on_allowed_devices(self, tensors: List[torch.Tensor]) -> List[Optional[torch.Tensor]]:
+    def _on_allowed_devices(self, tensors: List[Optional[torch.Tensor]]) -> List[Optional[torch.Tensor]]:
         """``tensors``, with None in the slots of tensors on devices ``support_device`` excludes."""
         for t in tensors:
-            if not t.is_cpu:
+            if t is not None and not t.is_cpu:
                 allowed = self.session.device_allowed
-                return [t if t.is_cpu or allowed(t.device) else None for t in tensors]
+                return [t if t is None or t.is_cpu or allowed(t.device) else None for t in tensors]
         return tensors
 
     def _select(self, op: OpInfo) -> bool:
@@ -576,78 +520,20 @@ class EagerCapture:
             hit = self._selected[name] = selector.select(op)
         return hit
 
-    def _describe(self, state: _Iteration, op: OpInfo, func, args, kwargs, inputs, outputs) -> None:
-        """Shapes, dtypes and the argument text of ``op`` for the .ir listing."""
-        op.input_meta = [_meta(t) for t in inputs]
-        op.output_meta = [_meta(t) for t in outputs]
+    def _describe(self, op: OpInfo, args, kwargs, inputs, outputs) -> None:
+        """Shapes, dtypes and the argument text of ``op`` for the listing."""
+        op.input_meta = [meta(t) for t in inputs]
+        op.output_meta = [meta(t) for t in outputs if t is not None]
         op.node_name = op.op_type
-        producers = state.producers
-        text = ", ".join(_text(a, producers) for a in args)
+        producers = self.listing.producers
+        text = ", ".join(arg_text(a, producers) for a in args)
         if kwargs:
-            text += "".join(f", {k}={_text(v, producers)}" for k, v in kwargs.items())
+            text += "".join(f", {k}={arg_text(v, producers)}" for k, v in kwargs.items())
         op.arg_text = text.lstrip(", ")
         if len(outputs) == 1:
-            producers[outputs[0]] = f"%{op.index}"
+            if outputs[0] is not None:
+                producers[outputs[0]] = f"%{op.index}"
         else:
             for k, t in enumerate(outputs):
-                producers[t] = f"%{op.index}[{k}]"
-
-
-_WRITES: Dict[int, bool] = {}
-
-
-def _writes(func) -> bool:
-    """Does the operator write to any of its arguments (in-place / out= variants)?"""
-    key = id(func)
-    hit = _WRITES.get(key)
-    if hit is None:
-        schema = getattr(func, "_schema", None)
-        hit = _WRITES[key] = bool(schema is not None and schema.is_mutable)
-    return hit
-
-
-def _flat_tensors(values, out: List[torch.Tensor]) -> List[torch.Tensor]:
-    for v in values:
-        if isinstance(v, torch.Tensor):
-            out.append(v)
-        elif isinstance(v, (list, tuple)):
-            _flat_tensors(v, out)
-    return out
-
-
-def _tensors_at(args, kwargs, positions: Tuple[Tuple[int, str], ...]) -> List[torch.Tensor]:
-    """The tensors of the arguments at ``positions`` ((position, name) pairs: passed
-    positionally or by name)."""
-    return _flat_tensors([args[i] if i < len(args) else kwargs.get(name) for i, name in positions], [])
-
-
-def _has_tensor(value) -> bool:
-    if isinstance(value, torch.Tensor):
-        return True
-    if isinstance(value, (list, tuple)):
-        return any(_has_tensor(v) for v in value)
-    return False
-
-
-def _non_tensor_args(func, args, kwargs) -> Dict[str, Any]:
-    schema = getattr(func, "_schema", None)
-    named: Dict[str, Any] = {}
-    if schema is not None:
-        for arg, value in zip(schema.arguments, args):
-            named[arg.name] = value
-    else:
-        named.update({f"arg{i}": v for i, v in enumerate(args)})
-    named.update(kwargs)
-    return {k: v for k, v in named.items() if not _has_tensor(v)}
-
-
-def _meta(t: torch.Tensor) -> Tuple[Tuple[int, ...], str]:
-    return tuple(t.shape), dtype_name(t.dtype)
-
-
-def _text(value, producers) -> str:
-    if isinstance(value, torch.Tensor):
-        return producers.get(value, "%input")
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_text(v, producers) for v in value) + "]"
-    return repr(value)
+                if t is not None:
+                    producers[t] = f"%{op.index}[{k}]"

@@ -1,58 +1,52 @@
-"""Where an eager operator came from: the user's source lines, and whether it runs
-inside a compiled region.
+"""Where an eager operator came from: its source lines, and whether it runs inside a
+compiled region.
 
 Both answers come from one walk of the Python stack, outward from the dispatch
 mode, done only for operators of a dumped iteration:
 
-* *user frames* are frames whose file is neither torch, site-packages, the
-  standard library nor opdump itself (the same rule as
-  :meth:`OpInfo.user_source`); the walk stops at the first one unless the
-  caller asks for several (the ``.ir`` listing shows up to :data:`MAX_FRAMES`);
-* an operator is *compiled* when, between it and the first user frame, there is
-  code of a compiled artifact: AOTAutograd's runtime (``torch/_functorch/_aot_autograd``,
-  which is how opdump's own ``torch.compile`` backend runs its dump path),
-  Inductor's generated code (``torchinductor``/``torch/_inductor``), or an FX
-  graph (``<eval_with_key>``) called by Dynamo.  Those operators belong to the
-  graph front-end (or to a compiler that fused them away) and the eager
-  front-end leaves them alone.  A user's own ``torch.fx.symbolic_trace`` model
-  run eagerly is not compiled: its ``<eval_with_key>`` frames are not under Dynamo.
+* *visible frames* (:func:`opdump.capture.op_info.frame_kind`) are the user's
+  code and libraries such as ``transformers``; torch, the standard library and
+  opdump are hidden, and nothing outward of opdump's own code is kept (that is
+  its launcher, which runs the user's script).  The innermost visible frame is
+  the operator's line (README, Eager mode); the walk stops at the first visible
+  frame unless the caller asks for the stack (up to :data:`MAX_FRAMES`
+  innermost frames);
+* an operator is *compiled* when, between it and the first visible frame, there
+  is code of a compiled artifact: AOTAutograd's runtime
+  (``torch/_functorch/_aot_autograd``, which is how opdump's own
+  ``torch.compile`` backend runs its dump path), Inductor's generated code
+  (``torchinductor``/``torch/_inductor``), or an FX graph (``<eval_with_key>``)
+  called by Dynamo.  Those operators belong to the graph front-end (or to a
+  compiler that fused them away) and the eager front-end leaves them alone.  A
+  user's own ``torch.fx.symbolic_trace`` model run eagerly is not compiled: its
+  ``<eval_with_key>`` frames are not under Dynamo.
 """
 from __future__ import annotations
 
 import linecache
 import os
 import sys
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
-from ..op_info import SourceLine, _is_library
+from ..op_info import HIDDEN, OPDUMP, VISIBLE, SourceLine, frame_kind
 
-MAX_FRAMES = 3          # user frames kept per operator for the .ir listing (innermost ones)
-_MAX_DEPTH = 200        # frames walked at most
+MAX_FRAMES = 64         # visible frames kept per operator for the listing (innermost ones)
+_MAX_DEPTH = 400        # frames walked at most
 
-_OPDUMP_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+_COMPILED = -1
 _COMPILED_MARKERS = ("_aot_autograd", "torchinductor", os.sep + "_inductor" + os.sep)
 _FX_CODE = "<eval_with_key>"
 _DYNAMO = os.sep + "_dynamo" + os.sep
 
-# file name → "user" (True) / "library" (False) / "compiled artifact" (None); names are few
-_kind_cache: Dict[str, Optional[bool]] = {}
+# file name -> VISIBLE / HIDDEN / OPDUMP / _COMPILED; file names are few
+_kind_cache: Dict[str, int] = {}
 _line_cache: Dict[Tuple[str, int], str] = {}
 
 
-_UNKNOWN = object()
-
-
-def _kind(filename: str) -> Optional[bool]:
-    kind = _kind_cache.get(filename, _UNKNOWN)
-    if kind is _UNKNOWN:            # (not ``== 0``: False == 0, and library files would never be cached)
-        if any(m in filename for m in _COMPILED_MARKERS):
-            kind = None
-        elif filename.startswith(_OPDUMP_DIR) or filename.startswith("<frozen"):
-            kind = False
-        elif filename.startswith("<"):
-            kind = False if filename.startswith(_FX_CODE) else True
-        else:
-            kind = not _is_library(filename)
+def _kind(filename: str) -> int:
+    kind = _kind_cache.get(filename)
+    if kind is None:
+        kind = _COMPILED if any(m in filename for m in _COMPILED_MARKERS) else frame_kind(filename)
         _kind_cache[filename] = kind
     return kind
 
@@ -66,10 +60,10 @@ def _code_line(filename: str, line: int) -> str:
 
 
 def walk(depth: int, want_sources: bool) -> Tuple[bool, Tuple[SourceLine, ...]]:
-    """(compiled?, user source lines outermost first) for the code that called the operator.
+    """(compiled?, visible source lines outermost first) for the code that called the operator.
 
     ``depth`` is the number of frames to skip (the dispatch mode's own).  Without
-    ``want_sources`` the walk stops at the first user frame.
+    ``want_sources`` the walk stops at the first visible frame.
     """
     try:
         frame = sys._getframe(depth + 1)
@@ -82,21 +76,24 @@ def walk(depth: int, want_sources: bool) -> Tuple[bool, Tuple[SourceLine, ...]]:
     while frame is not None and n < _MAX_DEPTH:
         code = frame.f_code
         filename = code.co_filename
-        kind = known(filename, _UNKNOWN)
-        if kind is _UNKNOWN:
-            kind = _kind(filename)
+        kind = known(filename)
         if kind is None:
-            if not sources:
-                return True, ()
-        elif kind:
+            kind = _kind(filename)
+        if kind == VISIBLE:
             if not sources and seen_fx is None:
                 return True, ()
             if not want_sources:
                 return False, ()
-            sources.append(SourceLine(filename, frame.f_lineno, _code_line(filename, frame.f_lineno), code.co_name))
+            line = frame.f_lineno
+            sources.append(SourceLine(filename, line, _code_line(filename, line), code.co_name))
             if len(sources) >= MAX_FRAMES:
                 break
-        elif not sources:
+        elif sources:
+            if kind == OPDUMP:
+                break                   # opdump's launcher: everything outward is not the user's
+        elif kind == _COMPILED:
+            return True, ()
+        elif kind == HIDDEN:
             if filename.startswith(_FX_CODE):
                 seen_fx = True
             elif seen_fx is True and _DYNAMO in filename:
