@@ -70,7 +70,7 @@ def test_scope_type_order_matching_after_renumbering(tmp_path):
     make_dump(tmp_path / "extra", iterations=(0,), extra_op=True)      # one more op shifts every -opN after it
     r = compare(tmp_path / "extra", tmp_path / "ref", progress=False)
     t = r.table
-    assert "scope+type+order" in set(t["match"])
+    assert "aligned order" in set(t["match"])
     row = t[(t["op"] == "Default/Net/fc2-Linear/addmm-op8") & (t["io"] == "output")].iloc[0]
     assert row["op_b"] == "Default/Net/fc2-Linear/addmm-op7" and row["verdict"] == "pass"
     assert r.unmatched_a == ["Default/Net/clone-op3"] and r.unmatched_b == []

@@ -1,18 +1,24 @@
 """Tensor-pair metrics, computed in float64 over memory-mapped, chunked data so a
 multi-GB pair never sits in memory whole.  Module-level functions only: they run
-in worker processes (compare's ProcessPoolExecutor)."""
+in worker processes (compare's ProcessPoolExecutor).
+
+Files are opened through :func:`checked_header` / :func:`load_checked`: the ``.npy``
+header is read and the size it describes is checked against the file's size before
+anything is mapped or allocated, so a corrupt or truncated file is reported (by path,
+with the reason) instead of asking for terabytes or failing half-way.
+"""
 from __future__ import annotations
 
 import math
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
 from .common import iter_chunks
 from .reader import load_array
 
-__all__ = ["tensor_metrics", "pair_metrics", "METRIC_KEYS"]
+__all__ = ["tensor_metrics", "pair_metrics", "METRIC_KEYS", "checked_header", "load_checked"]
 
 METRIC_KEYS = ("cosine", "max_abs_err", "max_rel_err", "rmse", "euclidean", "within_1e-3", "within_5e-3",
                "mean_abs_err", "max_abs_ref", "nonfinite_mismatch", "n")
@@ -102,25 +108,55 @@ def tensor_metrics(a: np.ndarray, b: np.ndarray, chunk: int = METRIC_CHUNK) -> D
 MMAP_MIN_BYTES = 4 << 20     # smaller files are read in one go (cheaper than mapping them)
 
 
-def _load(path: str) -> np.ndarray:
-    try:
-        big = os.path.getsize(path) >= MMAP_MIN_BYTES
-    except OSError:
-        big = True
+def checked_header(path: str) -> Tuple[Tuple[int, ...], np.dtype, int]:
+    """(shape, dtype, data offset) of a ``.npy`` file whose size holds the data its header
+    describes. Raises ValueError with the reason otherwise (bad magic, unreadable header,
+    object dtype, file shorter than the header says)."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        try:
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                shape, _fortran, dtype = np.lib.format.read_array_header_1_0(f)
+            elif version == (2, 0):
+                shape, _fortran, dtype = np.lib.format.read_array_header_2_0(f)
+            else:
+                raise ValueError(f"unsupported .npy version {version}")
+        except (ValueError, EOFError, SyntaxError, TypeError) as e:
+            raise ValueError(f"not a readable .npy header ({e})") from None
+        offset = f.tell()
+    if dtype.hasobject:
+        raise ValueError("holds Python objects (never unpickled)")
+    need = offset + math.prod(int(x) for x in shape) * dtype.itemsize
+    if size < need:
+        raise ValueError(f"truncated or corrupt: the header describes {need} bytes "
+                         f"(shape {tuple(shape)}, {dtype}), the file has {size}")
+    return tuple(int(x) for x in shape), dtype, offset
+
+
+def load_checked(path: str) -> np.ndarray:
+    """The array of a checked ``.npy`` file, memory-mapped when large (never unpickled)."""
+    shape, _dtype, _offset = checked_header(path)
+    big = os.path.getsize(path) >= MMAP_MIN_BYTES
     return load_array(path, mmap=big)
 
 
 def pair_metrics(path_a: str, path_b: str, chunk: int = METRIC_CHUNK) -> Dict[str, Any]:
-    """:func:`tensor_metrics` of two ``.npy`` files (memory-mapped when large, no pickle)."""
-    try:
-        a = _load(path_a)
-        b = _load(path_b)
-    except (OSError, ValueError) as e:
-        return {"error": f"cannot read: {e}", "n": 0}
+    """:func:`tensor_metrics` of two ``.npy`` files. A file that cannot be read gives
+    ``{"error": reason, "unreadable": path}`` instead of raising (any reason)."""
+    arrays = []
+    for p in (path_a, path_b):
+        try:
+            arrays.append(load_checked(p))
+        except Exception as e:  # noqa: BLE001 - one bad file must not stop the comparison
+            return {"error": f"cannot read {p}: {e}", "unreadable": p, "n": 0}
+    a, b = arrays
     try:
         return tensor_metrics(a, b, chunk)
+    except Exception as e:  # noqa: BLE001
+        return {"error": f"cannot compare: {type(e).__name__}: {e}", "unreadable": path_a, "n": 0}
     finally:
-        del a, b
+        del a, b, arrays
 
 
 def _task(args) -> Any:

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 __all__ = ["write_html_report", "render_html_report"]
 
 _COLORS = {"pass": "#2e7d32", "warning": "#f9a825", "diverged": "#c62828", "nondeterministic": "#6a1b9a",
-           "skipped": "#9e9e9e", "unmatched": "#546e7a"}
+           "skipped": "#9e9e9e", "unmatched": "#546e7a", "unreadable": "#000000"}
 
 _CSS = """
 body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px;color:#222}
@@ -219,6 +219,29 @@ def render_html_report(result, max_rows: int = 20000, title: Optional[str] = Non
     h.append("<div class='legend' id='summary'>" + " ".join(
         f"<span><span class='badge' style='background:{_COLORS.get(k, '#000')}'>{_e(k)}</span> {v}</span>"
         for k, v in sorted(counts.items())) + "</div>")
+    rule = getattr(result, "rule", "")
+    h.append(f"<div class='box' id='matching'>{_e(result.matching_line())}<br>rule: <b>{_e(rule)}</b> "
+             f"{_e(getattr(result, 'rule_note', ''))}</div>" if hasattr(result, "matching_line") else "")
+    fdf = getattr(result, "first_difference", None)
+    if rule == "first difference":
+        if fdf:
+            h.append("<div class='box first' id='first-difference-box'><b>First difference:</b> "
+                     f"<code>{_e(fdf['op'])}</code><br>iteration {_e(fdf['iteration'])}, rank {_e(fdf['rank'])}"
+                     + (f"<br>matched in B: <code>{_e(fdf['op_b'])}</code>"
+                        if fdf.get("op_b") and fdf["op_b"] != fdf["op"] else "")
+                     + (f"<br>source: <code>{_e(fdf['source'])}</code> {_e(fdf.get('code') or '')}"
+                        if fdf.get("source") else "")
+                     + f"<br>{_e(fdf['reason'])}<br>cause: {_e(fdf['cause'])}</div>")
+        else:
+            h.append("<div class='box ok' id='first-difference-box'>No difference: every compared tensor is "
+                     "identical within the same-dtype tolerance.</div>")
+    for w in getattr(result, "warnings", []) or []:
+        h.append(f"<div class='box first'><b>Warning:</b> {_e(w)}</div>")
+    unreadable = getattr(result, "unreadable", []) or []
+    if unreadable:
+        h.append(f"<details class='box first' id='unreadable' open><summary>Unreadable files: {len(unreadable)} "
+                 "(not compared)</summary><ul>" + "".join(f"<li><code>{_e(p)}</code>: {_e(r)}</li>"
+                                                          for p, r in unreadable[:2000]) + "</ul></details>")
     if fd:
         h.append("<div class='box first' id='first-divergence-box'><b>First diverging operator:</b> "
                  f"<code>{_e(fd['op'])}</code><br>iteration {_e(fd['iteration'])}, tensor {_e(fd['io'])}.{_e(fd['slot'])}, "

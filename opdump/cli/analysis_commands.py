@@ -267,10 +267,7 @@ def cmd_compare(args) -> int:
     if args.html:
         res.to_html(args.html)
     if args.json:
-        print(json.dumps({"first_divergence": res.first_divergence, "counts": res.counts,
-                          "diverged_parameters": res.diverged_parameters,
-                          "unmatched_a": res.unmatched_a, "unmatched_b": res.unmatched_b,
-                          "csv": args.csv, "html": args.html}, indent=1, default=_json_default))
+        print(json.dumps(dict(res.to_dict(), csv=args.csv, html=args.html), indent=1, default=_json_default))
     else:
         print(res.summary())
         if args.csv == "-":
@@ -379,9 +376,12 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_overflow)
 
     p = subparsers.add_parser("compare", help="compare two dumps operator by operator; name the first divergence",
-                              description="A is compared against the reference B. Matching: full name, then scope + "
-                                          "type + order, then --mapping. Exit code: 0 no divergence, 1 divergence, "
-                                          "2 error. See opdump.analysis.compare for metrics and verdict thresholds.")
+                              description="A is compared against the reference B. Matching: --mapping, then the two "
+                                          "execution orders aligned per scope on operator type and tensor "
+                                          "signature, then full name. Same dtypes: the first difference is "
+                                          "reported; else thresholds decide. Exit code: 0 A and B agree, 1 a "
+                                          "difference or divergence, 2 error (nothing to compare). See "
+                                          "opdump.analysis.compare for metrics and verdict thresholds.")
     p.add_argument("a")
     p.add_argument("b")
     p.add_argument("--mapping", help="file of 'A_name,B_name' lines (optionally NAME:output.0 for single tensors)")

@@ -1,0 +1,235 @@
+"""The records compare works on: :class:`Tensor` (one dumped tensor of one dump, a row of
+:meth:`Dump.records` plus what compare learns about it), :class:`OpCall` (the tensors of one
+call of one operator) and :class:`Pair` (a tensor of A, a tensor of B, the rule that paired
+them and, once compared, the verdict and metrics).
+
+Why records instead of the reader's dicts: every later stage (matching, verdicts, first
+difference, table) reads named fields, so no stage depends on another's private keys.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..common import base_op_type
+from ..reader import scope_of
+
+__all__ = ["Tensor", "OpCall", "Pair", "TABLE_COLUMNS", "dtype_class", "RULE_MAPPING", "RULE_NAME",
+           "RULE_ORDER", "RULE_SIGNATURE"]
+
+#: matching rules, as they appear in the ``match`` column and in the summary
+RULE_MAPPING = "mapping"
+RULE_NAME = "name"
+RULE_ORDER = "aligned order"
+RULE_SIGNATURE = "unique signature"
+
+TABLE_COLUMNS = [
+    "order", "rank", "iteration", "iteration_b", "graph", "op", "op_b", "op_type", "kind", "io", "slot", "call",
+    "match", "mode", "verdict", "reason", "identical", "cosine", "max_abs_err", "max_rel_err", "mean_abs_err",
+    "rmse", "euclidean", "within_1e-3", "within_5e-3", "nonfinite_mismatch", "stat_max_rel_diff",
+    "dtype_a", "dtype_b", "shape_a", "shape_b", "source", "path_a", "path_b",
+]
+
+METRIC_COLUMNS = ("cosine", "max_abs_err", "max_rel_err", "mean_abs_err", "rmse", "euclidean", "within_1e-3",
+                  "within_5e-3", "nonfinite_mismatch", "stat_max_rel_diff")
+
+
+def dtype_class(dtype: Any) -> str:
+    """``float`` / ``int`` / ``bool`` / ``complex`` / ``""`` (unknown) from a MindSpore type name
+    (``Float32``, ``BFloat16``, ``Int64``…) or a numpy dtype string: bf16 and fp32 tensors are
+    the same class, so a cross-precision pair still aligns."""
+    s = str(dtype or "").lower()
+    if not s or s in ("none", "nan"):
+        return ""
+    if "complex" in s:
+        return "complex"
+    if "bool" in s:
+        return "bool"
+    if "float" in s or s.startswith(("f", "bf")) or "double" in s or "half" in s:
+        return "float"
+    if "int" in s or s.startswith(("i", "u")):
+        return "int"
+    return s
+
+
+@dataclass
+class Tensor:
+    """One dumped tensor (a file, a statistics row, or both) of one dump."""
+
+    row: Dict[str, Any]                          # the reader's record (Dump.records())
+    shape: Optional[Tuple[int, ...]] = None      # from the .npy header or the statistics row
+    np_dtype: Optional[str] = None               # numpy dtype of the stored data
+    problem: Optional[str] = None                # the file could not be read: why
+
+    # -- the record's fields by name
+    @property
+    def rank(self) -> int:
+        return int(self.row["rank"])
+
+    @property
+    def iteration(self) -> Optional[int]:
+        return self.row["iteration"]
+
+    @property
+    def graph(self) -> int:
+        return int(self.row["graph"])
+
+    @property
+    def op(self) -> str:
+        return self.row["op"]
+
+    @property
+    def op_file(self) -> str:
+        return self.row["op_file"]
+
+    @property
+    def op_type(self) -> str:
+        return self.row["op_type"]
+
+    @property
+    def kind(self) -> str:
+        return self.row["kind"]
+
+    @property
+    def io(self) -> str:
+        return self.row["io"]
+
+    @property
+    def slot(self) -> int:
+        return int(self.row["slot"])
+
+    @property
+    def call(self) -> int:
+        return int(self.row["call"])
+
+    @property
+    def order(self) -> int:
+        return int(self.row["order"])
+
+    @property
+    def dtype(self) -> Optional[str]:
+        d = self.row.get("dtype")
+        return d if isinstance(d, str) and d else self.np_dtype
+
+    @property
+    def path(self) -> Optional[str]:
+        p = self.row.get("path")
+        return p if isinstance(p, str) else None
+
+    @property
+    def has_stats(self) -> bool:
+        return self.row.get("stat_row") is True
+
+    @property
+    def nbytes(self) -> int:
+        try:
+            return int(self.row.get("nbytes") or 0)
+        except (TypeError, ValueError):
+            return 0
+
+    @property
+    def call_key(self) -> Tuple[Any, int, str, int]:
+        """Identifies the operator call this tensor belongs to (within a rank)."""
+        return (self.iteration, self.graph, self.op_file, self.call)
+
+    @property
+    def tensor_key(self) -> Tuple[str, int]:
+        return (self.io, self.slot)
+
+    def signature(self) -> Tuple[str, int, Optional[Tuple[int, ...]], str]:
+        """What must agree for two tensors to be the same tensor of the same operator."""
+        return (self.io, self.slot, self.shape, dtype_class(self.dtype))
+
+    def shape_text(self) -> Optional[str]:
+        if self.shape is None:
+            return None
+        return "(" + ",".join(str(int(x)) for x in self.shape) + ")"
+
+
+@dataclass
+class OpCall:
+    """The tensors of one call of one operator, in one dump, in execution order."""
+
+    tensors: List[Tensor]
+    index: int = 0                                # position among the calls of its dump
+
+    @property
+    def first(self) -> Tensor:
+        return self.tensors[0]
+
+    @property
+    def op(self) -> str:
+        return self.first.op
+
+    @property
+    def scope(self) -> str:
+        op = self.first.op
+        return scope_of(op) if "/" in op else ""
+
+    @property
+    def base_type(self) -> str:
+        return base_op_type(self.first.op_type)
+
+    def signature(self, ios: frozenset) -> tuple:
+        """Operator type and the signature of each tensor whose io is in ``ios``."""
+        return (self.base_type,) + tuple(sorted((t.signature() for t in self.tensors if t.io in ios),
+                                               key=lambda s: (s[0], s[1])))
+
+    def named_signature(self, ios: frozenset) -> tuple:
+        return (self.op,) + self.signature(ios)
+
+
+@dataclass
+class Pair:
+    """A tensor of A and its counterpart in B (either may be None: unmatched), how they were
+    paired, and -- once compared -- the verdict, the metrics and whether they are identical."""
+
+    a: Optional[Tensor]
+    b: Optional[Tensor]
+    rule: str = ""                     # RULE_MAPPING / RULE_NAME / RULE_ORDER; "" when unmatched
+    mode: str = ""                     # tensor | statistics | "" (not compared)
+    verdict: Optional[str] = None
+    reason: str = ""
+    identical: Optional[bool] = None   # bit-equal or within the same-dtype tolerance (None: not compared)
+    metrics: Dict[str, Any] = field(default_factory=dict)
+    source: str = ""
+
+    @property
+    def side(self) -> Tensor:
+        """The tensor that locates the pair (A's when there is one)."""
+        return self.a if self.a is not None else self.b  # type: ignore[return-value]
+
+    @property
+    def matched(self) -> bool:
+        return self.a is not None and self.b is not None
+
+    @property
+    def same_dtype(self) -> bool:
+        da = (self.a.dtype or "") if self.a is not None else ""
+        db = (self.b.dtype or "") if self.b is not None else ""
+        return bool(da) and da.lower() == db.lower()
+
+    def sort_key(self) -> tuple:
+        t = self.side
+        it = t.iteration
+        return (0 if self.a is not None else 1, 1 << 60 if it is None else it, t.rank, t.order)
+
+    def to_row(self) -> Dict[str, Any]:
+        a, b, t = self.a, self.b, self.side
+        row = {
+            "rank": t.rank, "iteration": a.iteration if a is not None else None,
+            "iteration_b": b.iteration if b is not None else None, "graph": t.graph,
+            "op": a.op if a is not None else None, "op_b": b.op if b is not None else None,
+            "op_type": t.op_type, "kind": t.kind, "io": t.io, "slot": t.slot, "call": t.call,
+            "match": self.rule, "mode": self.mode, "verdict": self.verdict, "reason": self.reason,
+            "identical": self.identical,
+            "dtype_a": a.dtype if a is not None else None, "dtype_b": b.dtype if b is not None else None,
+            "shape_a": a.shape_text() if a is not None else None,
+            "shape_b": b.shape_text() if b is not None else None,
+            "source": self.source, "path_a": a.path if a is not None else None,
+            "path_b": b.path if b is not None else None,
+        }
+        for k in METRIC_COLUMNS:
+            if k in self.metrics:
+                row[k] = self.metrics[k]
+        return row

@@ -1,0 +1,90 @@
+"""Running the tensor metrics of many pairs: serially for a few, in worker processes for
+many, in batches of small pairs, with a bounded number of batches in flight (workers
+memory-map their files, so memory stays bounded whatever the dump's size)."""
+from __future__ import annotations
+
+import sys
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+from ..common import progress_bar
+from ..metrics import _batch, _task
+
+__all__ = ["run_pairs"]
+
+Task = Tuple[int, str, str, int]          # (index, path A, path B, bytes of both)
+
+
+def _mp_context():
+    import multiprocessing as mp
+    methods = mp.get_all_start_methods()
+    if sys.platform.startswith("linux") and sys.version_info < (3, 12) and "fork" in methods:
+        return mp.get_context("fork")
+    if "forkserver" in methods:
+        ctx = mp.get_context("forkserver")
+        try:
+            ctx.set_forkserver_preload(["opdump.analysis.metrics"])
+        except Exception:  # pragma: no cover
+            pass
+        return ctx
+    return mp.get_context("spawn")
+
+
+def _batches(tasks: List[Task], max_bytes: int = 32 << 20, max_count: int = 64) -> Iterator[List[Task]]:
+    cur: List[Task] = []
+    size = 0
+    for t in tasks:
+        cur.append(t)
+        size += t[3]
+        if size >= max_bytes or len(cur) >= max_count:
+            yield cur
+            cur, size = [], 0
+    if cur:
+        yield cur
+
+
+def run_pairs(tasks: List[Task], workers: int, parallel_min: int, progress: bool,
+              max_inflight: Optional[int] = None) -> Dict[int, Dict[str, Any]]:
+    """Metrics of every task, by index; in worker processes when there are ``parallel_min``
+    or more. A pair whose file cannot be read gets an ``error`` entry, never an exception."""
+    results: Dict[int, Dict[str, Any]] = {}
+    bar = progress_bar(progress, len(tasks), "compare", "pair")
+    if workers <= 1 or len(tasks) < parallel_min:
+        for t in tasks:
+            idx, m = _task(t)
+            results[idx] = m
+            if bar is not None:
+                bar.update(1)
+    else:
+        inflight_cap = max_inflight or workers * 2
+        per_batch = max(1, min(64, len(tasks) // (workers * 4) or 1))
+        with ProcessPoolExecutor(max_workers=workers, mp_context=_mp_context()) as ex:
+            pending = set()
+            it = _batches(tasks, max_count=per_batch)
+            exhausted = False
+            while True:
+                while not exhausted and len(pending) < inflight_cap:
+                    try:
+                        b = next(it)
+                    except StopIteration:
+                        exhausted = True
+                        break
+                    f = ex.submit(_batch, b)
+                    f.tasks = b  # type: ignore[attr-defined]
+                    pending.add(f)
+                if not pending:
+                    break
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for f in done:
+                    try:
+                        out = f.result()
+                    except Exception as e:  # noqa: BLE001 - a worker died (e.g. killed for memory)
+                        out = [(t[0], {"error": f"cannot compare {t[1]} / {t[2]}: worker failed: {e}",
+                                       "unreadable": t[1], "n": 0}) for t in f.tasks]
+                    for idx, m in out:
+                        results[idx] = m
+                    if bar is not None:
+                        bar.update(len(out))
+    if bar is not None:
+        bar.close()
+    return results

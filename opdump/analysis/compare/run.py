@@ -1,0 +1,250 @@
+"""``compare(A, B)``: the stages in order -- read the tensors of both dumps (shapes from
+the ``.npy`` headers, checked against the file sizes), pair them (:mod:`.match`), judge
+each pair (:mod:`.verdict`, tensor metrics in worker processes), find where A and B part
+(:mod:`.first`), build the table and the result (:mod:`.result`).
+
+Errors: a path that is not a dump, a dump with nothing in it, no common iteration, or no
+tensor of A matching one of B raise :class:`CompareError` (``opdump compare`` exits 2).
+A file that cannot be read is never an error: its pair is ``unreadable``, named with its
+path and reason, and the rest is compared.
+"""
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+from ..metrics import checked_header
+from ..reader import Dump, open_dump
+from .first import calls_in_order, first_difference, first_divergence
+from .mapping import load_mapping
+from .match import default_matchers, match
+from .pairs import TABLE_COLUMNS, Pair, Tensor
+from .pool import run_pairs
+from .result import RULE_FIRST_DIFFERENCE, RULE_THRESHOLDS, CompareResult
+from .verdict import Thresholds, judge_metrics, judge_pair
+
+__all__ = ["compare", "CompareError"]
+
+#: below this share of matched operators (either side), the result warns: different models?
+MIN_MATCHED_SHARE = 0.5
+
+
+class CompareError(ValueError):
+    """Nothing to compare (empty dump, no common iteration, nothing matched)."""
+
+
+def _shape_from_text(v: Any) -> Optional[Tuple[int, ...]]:
+    if not isinstance(v, str) or not v.strip():
+        return None
+    return tuple(int(x) for x in re.findall(r"-?\d+", v))
+
+
+def _tensors(dump: Dump, rank: Optional[int]) -> List[Tensor]:
+    """The dump's tensors of one rank (records in execution order), shapes known."""
+    rec = dump.records()
+    if rec.empty:
+        return []
+    if rank is not None:
+        rec = rec[rec["rank"] == rank]
+    rec = rec[rec["iteration"].notna() | (rec["kind"] == "constant")]
+    out = []
+    for r in rec.to_dict("records"):
+        it = r["iteration"]
+        try:
+            r["iteration"] = None if it is None or it != it else int(it)
+        except TypeError:  # pd.NA
+            r["iteration"] = None
+        t = Tensor(r)
+        if t.path:
+            try:
+                shape, dt, _ = checked_header(t.path)
+                t.shape, t.np_dtype = shape, str(dt)
+            except Exception as e:  # noqa: BLE001 - reported, never raised
+                t.problem = str(e) or type(e).__name__
+        if t.shape is None:
+            t.shape = _shape_from_text(r.get("shape"))
+        out.append(t)
+    return out
+
+
+def _borrow_shapes(a: List[Tensor], b: List[Tensor]) -> None:
+    """An unreadable file keeps its place in the alignment: it takes the shape of the tensor
+    with the same name in the other dump (it is reported as unreadable, not unmatched)."""
+    for x, y in ((a, b), (b, a)):
+        if not any(t.problem for t in x):
+            continue
+        idx = {(t.iteration, t.op_file, t.io, t.slot, t.call): t for t in y}
+        for t in x:
+            if t.problem and t.shape is None:
+                o = idx.get((t.iteration, t.op_file, t.io, t.slot, t.call))
+                if o is not None:
+                    t.shape, t.np_dtype = o.shape, o.np_dtype
+
+
+def _iteration_pairs(ta: List[Tensor], tb: List[Tensor], iterations) -> List[Tuple[Optional[int], Optional[int]]]:
+    ia = {t.iteration for t in ta if t.iteration is not None}
+    ib = {t.iteration for t in tb if t.iteration is not None}
+    if iterations:
+        pairs = [(int(it[0]), int(it[1])) if isinstance(it, (tuple, list)) else (int(it), int(it))
+                 for it in iterations]
+    elif ia & ib:
+        pairs = [(i, i) for i in sorted(ia & ib)]
+    elif len(ia) == 1 and len(ib) == 1:
+        pairs = [(next(iter(ia)), next(iter(ib)))]
+    else:
+        pairs = []
+    return pairs + [(None, None)]      # constants/
+
+
+class _Sources:
+    """Source line of an operator (A's, else B's), looked up once per operator."""
+
+    def __init__(self, da: Dump, db: Dump):
+        self.da, self.db = da, db
+        self.cache: Dict[tuple, Tuple[str, str]] = {}
+
+    def of_tensor(self, dump: Dump, t: Tensor) -> Tuple[str, str]:
+        if t.kind != "op":
+            return "", ""
+        key = (id(dump), t.rank, t.graph, t.op)
+        if key not in self.cache:
+            info = dump.op_info(t.op, rank=t.rank, graph=t.graph)
+            self.cache[key] = (info.source, info.code) if info is not None else ("", "")
+        return self.cache[key]
+
+    def __call__(self, p: Pair) -> Tuple[str, str]:
+        src = self.of_tensor(self.da, p.a) if p.a is not None else ("", "")
+        if not src[0] and p.b is not None:
+            src = self.of_tensor(self.db, p.b)
+        return src
+
+
+def _open(x: Union[str, os.PathLike, Dump]) -> Dump:
+    return x if isinstance(x, Dump) else open_dump(x)
+
+
+def compare(a: Union[str, os.PathLike, Dump], b: Union[str, os.PathLike, Dump], *,
+            mapping: Union[None, str, os.PathLike, Sequence[Tuple[str, str]]] = None,
+            rank: Optional[int] = None, rank_b: Optional[int] = None,
+            iterations: Optional[Iterable[Union[int, Tuple[int, int]]]] = None,
+            io: Optional[str] = None, thresholds: Thresholds = Thresholds(),
+            workers: Optional[int] = None, parallel_min: int = 64, progress: bool = True,
+            include_parameters: bool = True, matchers=None) -> CompareResult:
+    """Compare dump ``a`` (under test) against the reference ``b`` (README, "Analysis").
+
+    ``rank``/``rank_b``: ranks to compare (default: each rank with the same id; with
+    ``rank_b``, rank ``rank`` of A against ``rank_b`` of B). ``iterations``: ints or
+    (iteration_a, iteration_b) pairs (default: the iterations both dumps hold). ``io``:
+    ``input``/``output`` only. ``matchers``: the matching rules (default
+    :func:`.match.default_matchers`). Raises :class:`CompareError` when there is nothing
+    to compare."""
+    import pandas as pd
+    da, db = _open(a), _open(b)
+    if isinstance(mapping, (str, os.PathLike)):
+        mapping = load_mapping(mapping)
+    if matchers is None:
+        matchers = default_matchers(mapping)
+    if workers is None:
+        workers = max(1, min(8, os.cpu_count() or 1))
+    if rank_b is not None and rank is None:
+        rank = min(da.rank_ids) if da.rank_ids else 0
+    rank_pairs = ([(rank, rank_b if rank_b is not None else rank)] if rank is not None
+                  else [(r, r) for r in sorted(set(da.rank_ids) | set(db.rank_ids))])
+    pairs: List[Pair] = []
+    all_it_pairs: List[Tuple[int, int]] = []
+    seen_a = seen_b = False
+    for ra, rb in rank_pairs:
+        ta = _tensors(da, ra) if ra in da.ranks else []
+        tb = _tensors(db, rb) if rb in db.ranks else []
+        seen_a, seen_b = seen_a or bool(ta), seen_b or bool(tb)
+        if io:
+            ta, tb = [t for t in ta if t.io == io], [t for t in tb if t.io == io]
+        if not include_parameters:
+            ta, tb = [t for t in ta if t.kind == "op"], [t for t in tb if t.kind == "op"]
+        _borrow_shapes(ta, tb)
+        it_pairs = _iteration_pairs(ta, tb, iterations)
+        all_it_pairs += [p for p in it_pairs if p[0] is not None and p not in all_it_pairs]
+        for ia, ib in it_pairs:
+            pairs += match([t for t in ta if t.iteration == ia], [t for t in tb if t.iteration == ib], matchers)
+    for side, seen, d in (("A", seen_a, da), ("B", seen_b, db)):
+        if not seen:
+            raise CompareError(f"{side}: {d.path} holds no dumped tensors or statistics: nothing to compare")
+    if not all_it_pairs and not any(p.matched for p in pairs):
+        raise CompareError("A and B have no iteration in common; pair them with --iterations A:B (e.g. 3:4)")
+    if not any(p.matched for p in pairs):
+        raise CompareError("no tensor of A matches one of B (different models?): nothing compared")
+
+    # judge: what needs no data, then tensor metrics
+    tasks = []
+    for n, p in enumerate(pairs):
+        if judge_pair(p, thresholds):
+            tasks.append((n, p.a.path, p.b.path, p.a.nbytes + p.b.nbytes))
+    for n, m in run_pairs(tasks, workers, parallel_min, progress).items():
+        judge_metrics(pairs[n], m, thresholds)
+    pairs.sort(key=Pair.sort_key)
+
+    sources = _Sources(da, db)
+    for p in pairs:
+        p.source = sources(p)[0]
+    compared = [p for p in pairs if p.identical is not None or (p.matched and p.mode and p.verdict
+                                                                 not in ("unreadable", "unmatched"))]
+    same = bool(compared) and all(p.same_dtype for p in compared)
+    fdiff, nondet_d = first_difference(pairs, sources) if same else (None, [])
+    fdiv, nondet, params = first_divergence(pairs, sources)
+    if same:
+        rule, note = RULE_FIRST_DIFFERENCE, ("A and B hold the same dtypes: identical means bit-equal or within "
+                                             f"max({thresholds.same_rtol:g}, eps)·max|B|")
+    else:
+        mixed = sum(1 for p in compared if not p.same_dtype)
+        rule, note = RULE_THRESHOLDS, (f"dtypes differ in {mixed} of {len(compared)} compared pairs: "
+                                       "cosine and error thresholds decide")
+    result = _result(da, db, pairs, rank_pairs, all_it_pairs, thresholds, pd)
+    result.first_divergence, result.diverged_parameters = fdiv, params
+    result.nondeterministic_before = nondet_d if same and fdiff is not None else nondet
+    result.first_difference, result.rule, result.rule_note = fdiff, rule, note
+    return result
+
+
+def _result(da, db, pairs: List[Pair], rank_pairs, it_pairs, thresholds, pd) -> CompareResult:
+    unmatched_a: Dict[str, None] = {}
+    unmatched_b: Dict[str, None] = {}
+    matched_by: Dict[str, int] = {}
+    unreadable: Dict[str, str] = {}
+    for p in pairs:
+        if p.a is not None and p.b is None:
+            unmatched_a.setdefault(p.a.op, None)
+        elif p.b is not None and p.a is None:
+            unmatched_b.setdefault(p.b.op, None)
+        else:
+            matched_by[p.rule] = matched_by.get(p.rule, 0) + 1
+        for t in (p.a, p.b):
+            if t is not None and t.problem and t.path:
+                unreadable.setdefault(t.path, t.problem)
+        if p.verdict == "unreadable" and p.metrics.get("unreadable"):
+            path = p.metrics["unreadable"]
+            unreadable.setdefault(path, str(p.metrics.get("error", "")).replace(f"cannot read {path}: ", ""))
+    calls_a = calls_in_order(pairs)
+    b_side = [Pair(p.b, p.a, p.rule) for p in pairs if p.b is not None]
+    calls_b = calls_in_order(sorted(b_side, key=Pair.sort_key))
+    ops = {"calls_a": len(calls_a), "matched_a": sum(1 for c in calls_a if any(p.matched for p in c)),
+           "calls_b": len(calls_b), "matched_b": sum(1 for c in calls_b if any(p.matched for p in c))}
+    warnings = []
+    share = min(ops["matched_a"] / ops["calls_a"] if ops["calls_a"] else 1.0,
+                ops["matched_b"] / ops["calls_b"] if ops["calls_b"] else 1.0)
+    if share < MIN_MATCHED_SHARE:
+        warnings.append(f"most operators are unmatched ({ops['matched_a']} of {ops['calls_a']} in A, "
+                        f"{ops['matched_b']} of {ops['calls_b']} in B matched): A and B may come from different "
+                        "models or programs")
+    rows = []
+    for p in pairs:
+        r = p.to_row()
+        rows.append({k: r.get(k) for k in TABLE_COLUMNS})
+    table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
+    table["order"] = range(len(table))
+    for c in ("iteration", "iteration_b"):
+        table[c] = pd.array([None if v is None or v != v else int(v) for v in table[c]], dtype="Int64")
+    return CompareResult(str(da.path), str(db.path), table, None, [], [], list(unmatched_a), list(unmatched_b),
+                         thresholds, it_pairs, (rank_pairs[0] if len(rank_pairs) == 1 else (None, None)),
+                         matched_by=matched_by, operators=ops, unreadable=sorted(unreadable.items()),
+                         warnings=warnings)

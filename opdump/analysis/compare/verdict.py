@@ -1,0 +1,225 @@
+"""Metrics -> verdicts, per tensor pair.
+
+Two questions are answered for every compared pair:
+
+* **identical?** -- bit-equal, or within the same-dtype tolerance: max abs error
+  <= ``max(same_rtol, eps(dtype)) * max|B|`` (fp32: 1e-6 of the largest reference value,
+  about 8 ulps; fp16/bf16: one ulp of it; integers and bools: exact). Statistics-only pairs:
+  equal MD5, or every statistic within that relative tolerance. Used for the *first
+  difference* when A and B hold the same dtypes.
+* **verdict** -- thresholds for any precision (MindStudio Probe's rule, refined):
+
+  - ``diverged`` when NaN/Inf sit at different places; ``cosine < 0.9``;
+    ``cosine < 0.99 and max_abs_err > 1e-3``; ``max_abs_err > 1 and > 1e-2 * max|b|``
+    (the ``abs > 1`` clause scaled for large values); never when ``max_abs_err <= 1e-6``.
+    When exactly one side is all zeros, cosine is undefined and ``max_abs_err > 1e-3`` decides.
+  - ``warning``: not diverged, but ``cosine < 0.999`` or ``max_abs_err > 1e-3``.
+  - ``pass`` otherwise; ``identical`` noted in ``reason`` when bit-equal.
+  - statistics-only pairs: equal MD5 -> pass; NaN/Inf on one side only -> diverged; else
+    the largest relative difference of max/min/avg/l2norm: > 1e-2 diverged, > 1e-3 warning.
+  - ``nondeterministic``: a random operator's output that would be diverged.
+  - ``skipped``: undefined values (outputs of ``empty*``, the overwritten input of
+    ``fill_``/``zero_``/``copy_``…), never compared.
+  - ``unmatched``: one side only, or tensors whose element counts differ (a user mapping
+    may pair them; they are never *diverged*), or a tensor file against statistics only.
+  - ``unreadable``: a file of the pair cannot be read (named in ``reason``).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Tuple
+
+import numpy as np
+
+from ..common import is_garbage, is_random_op, stats_nonfinite
+from .pairs import Pair
+
+__all__ = ["Thresholds", "verdict_for_metrics", "stats_verdict", "same_dtype_tolerance", "judge_pair",
+           "judge_metrics"]
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Verdict thresholds (see the module documentation)."""
+
+    cos_fail: float = 0.9              # cosine below this: diverged
+    cos_strict: float = 0.99           # cosine below this and max_abs_err above abs_with_cos: diverged
+    abs_with_cos: float = 1e-3
+    abs_fail: float = 1.0              # max_abs_err above this (and above abs_fail_scale * max|b|): diverged
+    abs_fail_scale: float = 1e-2
+    atol: float = 1e-6                 # max_abs_err at or below this never diverges
+    cos_warn: float = 0.999            # cosine below this: warning
+    abs_warn: float = 1e-3             # max_abs_err above this: warning
+    stat_fail: float = 1e-2            # statistics relative difference above this: diverged
+    stat_warn: float = 1e-3
+    stat_atol: float = 1e-6
+    same_rtol: float = 1e-6            # same dtypes: identical when max_abs_err <= max(same_rtol, eps) * max|b|
+
+
+def verdict_for_metrics(m: Dict[str, Any], th: Thresholds = Thresholds()) -> Tuple[str, str]:
+    """(verdict, reason) for the metrics of one tensor pair."""
+    if m.get("unreadable"):
+        return "unreadable", m.get("error") or "cannot read"
+    if m.get("error"):
+        return "unmatched", m["error"]
+    mism = int(m.get("nonfinite_mismatch") or 0)
+    if mism:
+        return "diverged", f"NaN/Inf at {mism} different positions"
+    n = m.get("n") or 0
+    if n == 0:
+        return "pass", "empty or all non-finite alike"
+    cos = m.get("cosine", float("nan"))
+    mae = m.get("max_abs_err", 0.0)
+    ref = m.get("max_abs_ref", 0.0) or 0.0
+    if mae == 0.0:
+        return "pass", "identical"
+    if mae <= th.atol:
+        return "pass", f"max abs error {mae:.3g} <= {th.atol:g}"
+    reasons = []
+    if math.isnan(cos):
+        if mae > th.abs_with_cos:
+            reasons.append(f"one side all zeros, max abs error {mae:.3g} > {th.abs_with_cos:g}")
+    else:
+        if cos < th.cos_fail:
+            reasons.append(f"cosine {cos:.6f} < {th.cos_fail:g}")
+        elif cos < th.cos_strict and mae > th.abs_with_cos:
+            reasons.append(f"cosine {cos:.6f} < {th.cos_strict:g} and max abs error {mae:.3g} > {th.abs_with_cos:g}")
+    if mae > th.abs_fail and mae > th.abs_fail_scale * ref:
+        reasons.append(f"max abs error {mae:.3g} > {th.abs_fail:g} (max|ref| {ref:.3g})")
+    if reasons:
+        return "diverged", "; ".join(reasons)
+    if (not math.isnan(cos) and cos < th.cos_warn) or mae > th.abs_warn:
+        return "warning", f"cosine {cos:.6f}, max abs error {mae:.3g}"
+    return "pass", ""
+
+
+def same_dtype_tolerance(dtype: Optional[str], th: Thresholds = Thresholds()) -> float:
+    """Relative tolerance (of max|B|) under which two same-dtype tensors count as identical."""
+    s = str(dtype or "").lower()
+    if "bfloat16" in s or s == "bf16":
+        return max(th.same_rtol, 2.0 ** -7)
+    if "float16" in s or s in ("half", "f2"):
+        return max(th.same_rtol, float(np.finfo(np.float16).eps))
+    if "float" in s or "double" in s or "complex" in s:
+        return th.same_rtol
+    return 0.0          # integers, bools: exact
+
+
+_STATS_FOR_COMPARE = ("max", "min", "avg", "l2norm")
+
+
+def stats_verdict(ra: Dict[str, Any], rb: Dict[str, Any], th: Thresholds) -> Tuple[str, str, Dict[str, Any]]:
+    """(verdict, reason, {"stat_max_rel_diff": …}) of two statistics rows."""
+    out: Dict[str, Any] = {}
+    ma, mb = ra.get("md5"), rb.get("md5")
+    if isinstance(ma, str) and isinstance(mb, str) and ma and mb and ma == mb:
+        return "pass", "identical (MD5)", {"stat_max_rel_diff": 0.0, "stat_rel_diff_all": 0.0}
+    na, nb = stats_nonfinite(ra), stats_nonfinite(rb)
+    if na is not None and nb is not None and na != nb:
+        return "diverged", "NaN/Inf in " + ("A only" if na else "B only"), out
+    worst, worst_k, worst_all = 0.0, None, 0.0
+    for k in _STATS_FOR_COMPARE:
+        try:
+            a, b = float(ra.get(k)), float(rb.get(k))
+        except (TypeError, ValueError):
+            continue
+        if math.isnan(a) or math.isnan(b):
+            if math.isnan(a) != math.isnan(b) and not (na or nb):
+                return "diverged", f"{k}: {a} vs {b}", out
+            continue
+        if math.isinf(a) or math.isinf(b):
+            if a != b:
+                worst, worst_k, worst_all = float("inf"), k, float("inf")
+            continue
+        d = abs(a - b)
+        if d == 0.0:
+            continue
+        rel = d / max(abs(a), abs(b))
+        worst_all = max(worst_all, rel)
+        if d <= th.stat_atol:
+            continue
+        if rel > worst:
+            worst, worst_k = rel, k
+    out["stat_max_rel_diff"] = worst
+    out["stat_rel_diff_all"] = worst_all
+    if worst_k is None:
+        if any(k in ra and k in rb for k in _STATS_FOR_COMPARE):
+            return "pass", "statistics agree", out
+        return "pass", "no comparable statistics", out
+    msg = f"{worst_k} differs by {worst:.3g} (relative)"
+    if worst > th.stat_fail:
+        return "diverged", msg, out
+    if worst > th.stat_warn:
+        return "warning", msg, out
+    return "pass", msg, out
+
+
+def judge_pair(p: Pair, th: Thresholds) -> bool:
+    """Decide what can be decided before reading data. Returns True when the pair still
+    needs its tensor metrics (``p.mode == "tensor"``)."""
+    if p.a is None or p.b is None:
+        p.verdict = "unmatched"
+        p.reason = "only in A" if p.b is None else "only in B"
+        return False
+    a, b = p.a, p.b
+    if is_garbage(a.op_type, a.io, a.slot) or is_garbage(b.op_type, b.io, b.slot):
+        p.verdict, p.reason = "skipped", "undefined values (uninitialised or overwritten)"
+        return False
+    for t, side in ((a, "A"), (b, "B")):
+        if t.problem and t.path:
+            p.mode, p.verdict, p.reason = "tensor", "unreadable", f"cannot read {t.path}: {t.problem}"
+            return False
+    if a.shape is not None and b.shape is not None and math.prod(a.shape) != math.prod(b.shape):
+        p.verdict = "unmatched"
+        p.reason = f"element count differs: {math.prod(a.shape)} vs {math.prod(b.shape)} (not compared)"
+        return False
+    if a.path and b.path:
+        p.mode = "tensor"
+        return True
+    if a.has_stats and b.has_stats:
+        p.mode = "statistics"
+        v, why, extra = stats_verdict(a.row, b.row, th)
+        p.metrics.update(extra)
+        p.verdict, p.reason = v, why
+        p.identical = _stats_identical(a.row, b.row, extra, a.dtype, th) if p.same_dtype else None
+        _random(p)
+        return False
+    p.verdict, p.reason = "unmatched", "no data to compare on one side (tensor vs statistics)"
+    return False
+
+
+def judge_metrics(p: Pair, m: Dict[str, Any], th: Thresholds) -> None:
+    """Verdict of a tensor pair from its metrics."""
+    v, why = verdict_for_metrics(m, th)
+    p.metrics.update({k: v_ for k, v_ in m.items() if not isinstance(v_, (tuple, list))})
+    if v == "unreadable":
+        p.verdict, p.reason = v, why
+        return
+    if v != "unmatched" and p.a is not None and p.b is not None and p.a.shape and p.b.shape \
+            and p.a.shape != p.b.shape:
+        why = (why + "; " if why else "") + f"shapes differ {p.a.shape_text()} vs {p.b.shape_text()} (compared flat)"
+    p.verdict, p.reason = v, why
+    if v != "unmatched" and p.same_dtype:
+        mae, ref = m.get("max_abs_err", 0.0), m.get("max_abs_ref", 0.0) or 0.0
+        mae = 0.0 if mae != mae else mae          # NaN: no finite element to differ
+        p.identical = (not m.get("nonfinite_mismatch")
+                       and mae <= same_dtype_tolerance(p.a.dtype if p.a else None, th) * ref)
+    _random(p)
+
+
+def _random(p: Pair) -> None:
+    if p.verdict == "diverged" and p.a is not None and p.a.io == "output" and is_random_op(p.a.op_type):
+        p.verdict = "nondeterministic"
+        p.reason = "random operator: " + (p.reason or "")
+
+
+def _stats_identical(ra, rb, extra, dtype, th: Thresholds) -> bool:
+    ma, mb = ra.get("md5"), rb.get("md5")
+    if isinstance(ma, str) and isinstance(mb, str) and ma and mb:
+        return ma == mb
+    d = extra.get("stat_rel_diff_all", 0.0) or 0.0
+    na, nb = stats_nonfinite(ra), stats_nonfinite(rb)
+    if na is not None and nb is not None and na != nb:
+        return False
+    return d <= same_dtype_tolerance(dtype, th)
