@@ -67,7 +67,6 @@ Decisions (README-ready):
 """
 from __future__ import annotations
 
-import os
 import warnings
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
@@ -285,14 +284,14 @@ class EagerCapture:
         if listing.dirty:
             layout.write_listing(gid, "eager", list(listing.ops.values()), listing.params)
             listing.dirty = False
+        names = state.names
         if not listing.order_written:
-            layout.write_execution_order(gid, state.names)
-            layout.write_execution_order(gid, state.names, folder)
+            layout.write_execution_order(gid, names)
+            layout.write_execution_order(gid, names, folder)
             listing.order_written = True
         else:
             # every other iteration: its order file is made in the writer (a folder and a
             # file created per step, ~0.3 ms, off the training thread)
-            names = state.names
             self.session.writer.submit(lambda: layout.write_execution_order(gid, names, folder))
 
     # ------------------------------------------------------------------ hooks
