@@ -9,7 +9,8 @@ input -> output shapes and dtypes, the full name (in the seed's
 ``full_name_with_scope`` form and MindSpore 2.x's ``Fullname with scope`` form) and
 its source lines (:mod:`.sources`).  The JSON (``"format": "opdump-graph-1"``) holds
 the same per operator: index, full_name, op_type, overload, scope, selected, inputs,
-outputs (``{shape, dtype}``), source (``{file, line, code, function}``), args.
+outputs (``{shape, dtype}``), source (``{file, line, code, function}``), args,
+nonfinite_args (a non-tensor argument is Inf/NaN or a float type's extreme: README, overflow).
 
 Rendering takes any objects with the attributes of ``opdump.capture.op_info.OpInfo``
 (duck-typed: format depends on nothing above it).  Guarantees: for operators whose
@@ -76,6 +77,7 @@ def render_graph_json(graph_id: int, kind: str, ops: Sequence[Any],
             "inputs": tensors(op.input_meta), "outputs": tensors(op.output_meta),
             "source": [{"file": s.file, "line": s.line, "code": s.code, "function": s.function} for s in op.source],
             "args": {k: str(v) for k, v in op.args.items()},
+            "nonfinite_args": bool(getattr(op, "nonfinite_args", False)),
         } for op in ops],
     }
     return json.dumps(doc, indent=1)
@@ -100,7 +102,8 @@ def parse_graph_json(doc: Dict[str, Any]) -> Tuple[Optional[str], List[Dict[str,
                 pass
         ops.append({"full_name": o["full_name"], "op_type": o.get("op_type"), "scope": o.get("scope"),
                     "sources": sources, "inputs": list(o.get("inputs", []) or []),
-                    "outputs": list(o.get("outputs", []) or []), "args": dict(o.get("args", {}) or {})})
+                    "outputs": list(o.get("outputs", []) or []), "args": dict(o.get("args", {}) or {}),
+                    "nonfinite_args": o.get("nonfinite_args") is True})
     return doc.get("kind"), ops
 
 

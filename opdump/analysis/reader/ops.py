@@ -26,6 +26,7 @@ class OpInfo:
     inputs: List[Dict[str, Any]] = field(default_factory=list)
     outputs: List[Dict[str, Any]] = field(default_factory=list)
     args: Dict[str, Any] = field(default_factory=dict)
+    nonfinite_args: bool = False        # a non-tensor argument is Inf/NaN (README, overflow)
 
     @property
     def file_name(self) -> str:
@@ -34,7 +35,8 @@ class OpInfo:
 
     @property
     def user_frame(self) -> Optional[SourceFrame]:
-        """The innermost frame that is not library code (else the innermost frame)."""
+        """The innermost frame that is not framework code (torch, MindSpore, stdlib; library
+        code such as ``transformers`` counts as the user's), else the innermost frame."""
         for fr in reversed(self.sources):
             if not is_library_file(fr.file):
                 return fr

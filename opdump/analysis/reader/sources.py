@@ -14,14 +14,17 @@ from ...format.sources import SourceFrame, parse_source_line
 __all__ = ["SourceFrame", "parse_source_line", "is_library_file", "parse_ir"]
 
 _LIB_RE = re.compile(
-    r"(site-packages|dist-packages|[/\\]lib[/\\]python\d[\d.]*[/\\]|^<|[/\\]torch[/\\](nn|_dynamo|fx|"
+    r"((site|dist)-packages[/\\](torch|functorch|torchgen|mindspore)[/\\]|"
+    r"[/\\]lib[/\\]python\d[\d.]*[/\\](?!(site|dist)-packages[/\\])|^<|[/\\]torch[/\\](nn|_dynamo|fx|"
     r"_functorch|autograd|utils|_tensor|overrides|_ops|_refs|_decomp|_prims|functional)|"
     r"[/\\]opdump[/\\](capture|write|stats|select|debug|recorder))"
 )
 
 
 def is_library_file(path: str) -> bool:
-    """Library (framework, site-packages, stdlib, opdump itself) vs the user's code."""
+    """Framework code (torch, MindSpore, the standard library, opdump itself) vs code the user
+    sees as theirs: their own files and libraries such as ``transformers``, whose lines are
+    an operator's source (README, Analysis: locate)."""
     return bool(_LIB_RE.search(path or ""))
 
 

@@ -13,17 +13,14 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
+from ..aten_ops import NOT_OPERATORS
 from ..naming import backward_scope, module_scope, op_type_of, parse_stack_trace, stack_ids, stack_pairs
-from ..op_info import OpInfo
-from ...write.dtypes import dtype_name
-
-_NOT_OPERATORS = {"sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "_assert_scalar",
-                  "_assert_async", "_local_scalar_dense_noop"}
-
+from ..op_info import OpInfo, is_nonfinite_scalar
+from ...format.dtypes import dtype_name
 
 def is_operator(node: fx.Node) -> bool:
     return (node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
-            and op_type_of(node.target)[0] not in _NOT_OPERATORS)
+            and op_type_of(node.target)[0] not in NOT_OPERATORS)
 
 
 def tensor_inputs(node: fx.Node) -> List[fx.Node]:
@@ -83,6 +80,7 @@ def read_ops(gm: fx.GraphModule, kind: str, root_class: Optional[str]) -> List[T
             input_meta=[_meta(n.meta["val"]) for n in tensor_inputs(node)],
             output_meta=[_meta(v) for v in outputs],
             node_name=node.name,
+            nonfinite_args=any(map(is_nonfinite_scalar, pytree.tree_leaves((node.args, node.kwargs)))),
             mutates=bool(getattr(getattr(node.target, "_schema", None), "is_mutable", False)),
             arg_text=", ".join(_describe(a) for a in node.args)
             + "".join(f", {k}={_describe(v)}" for k, v in node.kwargs.items()),
