@@ -187,7 +187,13 @@ class Recorder:
     def record_parameters(self, folder: str, items: Sequence[Tuple[str, torch.Tensor]]) -> None:
         """Dump parameters/buffers/constants, ``(name, tensor)`` each, into ``folder``
         (``Parameter.<name>`` files / rows); device statistics of CPU tensors take the
-        native row sink, under one lock and one clock read."""
+        native row sink, under one lock and one clock read.  Under a ``kernels`` filter
+        only the names it selects are dumped (:meth:`OpSelector.select_parameter`)."""
+        selector = self.session.selector
+        if selector.mode == 1:
+            items = [(name, tensor) for name, tensor in items if selector.select_parameter(name)]
+            if not items:
+                return
         sink = self._native_sink()
         if sink is not None:
             ts = self.clock(len(items))

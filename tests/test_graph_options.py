@@ -57,6 +57,29 @@ def test_kernels_by_type_regex_and_exact_name(config_file):
     assert "native_layer_norm" not in types and "mean" not in types
 
 
+def _parameter_names(cfg):
+    return {f.op_name for f in tensor_files(dump_root(cfg)) if f.op_type == "Parameter"}
+
+
+def test_parameters_follow_the_kernels_filter(config_file):
+    """A MindSpore dump with a kernels filter writes only the Parameter files it names."""
+    cfg = config_file(common={"dump_mode": 1, "iteration": "0", "kernels": ["conv"]})
+    train(cfg, steps=1)
+    files = tensor_files(dump_root(cfg))
+    assert {f.op_type for f in files} == {"convolution", "convolution_backward"}, "no Parameter file"
+    base = dump_root(cfg)
+    for n, (kernels, expected) in enumerate([
+            (["conv", "Parameter"], {"conv_weight", "conv_bias", "norm_weight", "norm_bias",
+                                     "fc_weight", "fc_bias", "inputs0"}),
+            (["conv", "name-regex(fc\\..*)"], {"fc_weight", "fc_bias"}),         # the name as given
+            (["conv", "name-regex(norm_.*)", "conv.bias"], {"norm_weight", "norm_bias", "conv_bias"}),
+            (["conv", "Parameter.inputs0"], {"inputs0"})]):
+        cfg = config_file(common={"dump_mode": 1, "iteration": "0", "kernels": kernels,
+                                  "path": f"{base}_{n}"})
+        train(cfg, steps=1)
+        assert _parameter_names(cfg) == expected, kernels
+
+
 def test_input_output_selection(config_file):
     for mode, expected in ((1, {"input"}), (2, {"output"})):
         cfg = config_file(common={"input_output": mode, "iteration": "0", "path": f"{dump_root(config_file())}_{mode}"})

@@ -90,3 +90,34 @@ def test_invalid_json_names_line_and_column(tmp_path):
 def test_missing_config_is_a_clear_error(tmp_path):
     proc = run(["run", SCRIPT], timeout=120)
     assert proc.returncode == 2 and "OPDUMP_CONFIG" in proc.stderr
+
+
+def test_run_help_names_the_command():
+    proc = run(["run", "--help"], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: opdump run [-h]"), proc.stdout
+    assert "run run" not in proc.stdout
+
+
+def test_run_restores_torch_compile_argv_and_path(tmp_path):
+    """``opdump run`` routes the script's torch.compile through opdump, and gives the
+    original back (with sys.argv and sys.path) when the script ends."""
+    cfg = write_config(tmp_path, common={"iteration": "0"})
+    script = tmp_path / "tiny.py"
+    script.write_text(
+        "import torch\n"
+        "model = torch.compile(torch.nn.Linear(4, 2), backend='eager')\n"
+        "model(torch.ones(3, 4)).sum().backward()\n")
+    driver = (
+        "import sys, torch\n"
+        "from opdump.cli.run import main_run\n"
+        "original, argv, path = torch.compile, list(sys.argv), list(sys.path)\n"
+        f"rc = main_run(['--config', {cfg!r}, '--no-eager', {str(script)!r}, '--flag'])\n"
+        "assert rc == 0, rc\n"
+        "assert torch.compile is original, torch.compile\n"
+        "assert sys.argv == argv and sys.path == path, (sys.argv, sys.path)\n"
+        "print('restored')\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("OPDUMP_CONFIG", "MINDSPORE_DUMP_CONFIG")}
+    proc = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0 and "restored" in proc.stdout, proc.stderr
+    assert {f.op_type for f in tensor_files(str(tmp_path / "dump"))} >= {"addmm"}, "the compile was routed"

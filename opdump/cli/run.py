@@ -6,23 +6,26 @@ makes every ``torch.compile`` of the script go through opdump's backend
 (wrapping the backend, mode and options the script asked for), starts eager
 capture for everything not compiled, runs the script as ``__main__`` with its
 own arguments, and closes the session (flushing every file) even when the
-script raises.
+script raises.  When the script ends, ``torch.compile``, ``sys.argv`` and
+``sys.path`` are as they were before it started.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import os
 import runpy
 import sys
-from typing import List
+from typing import Iterator, List
 
 from ..config import ConfigError
 
 
-def register(sub) -> None:
-    p = sub.add_parser("run", help="run a training script with dumping on",
-                       description="Run SCRIPT with dumping configured by --config or $OPDUMP_CONFIG.")
+_DESCRIPTION = "Run SCRIPT with dumping configured by --config or $OPDUMP_CONFIG."
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="data_dump.json (default: $OPDUMP_CONFIG, alias $MINDSPORE_DUMP_CONFIG)")
     p.add_argument("--no-eager", action="store_true", help="dump only torch.compile'd models (graph mode)")
     p.add_argument("-m", dest="module", help="run a module (like python -m) instead of a script")
@@ -30,23 +33,27 @@ def register(sub) -> None:
     p.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
 
 
+def register(sub) -> None:
+    """``run`` in ``opdump --help`` (``opdump run …`` itself is parsed by :func:`_parse`)."""
+    _add_arguments(sub.add_parser("run", help="run a training script with dumping on", description=_DESCRIPTION))
+
+
 def _parse(argv: List[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="opdump run")
-    sub = parser.add_subparsers(dest="command")
-    register(sub)
-    args = parser.parse_args(["run", *argv])
+    parser = argparse.ArgumentParser(prog="opdump run", description=_DESCRIPTION)
+    _add_arguments(parser)
+    args = parser.parse_args(argv)
     if not args.script and not args.module:
         parser.error("a script (or -m module) to run is required")
     return args
 
 
-def patch_torch_compile(session) -> None:
-    """Route every ``torch.compile`` through opdump, keeping the script's own backend choices."""
+@contextlib.contextmanager
+def torch_compile_routed(session) -> Iterator[None]:
+    """Inside the block, every ``torch.compile`` goes through opdump, keeping the script's own
+    backend choices; the original ``torch.compile`` is back when the block ends."""
     import torch
 
     original = torch.compile
-    if getattr(original, "_opdump_patched", False):
-        return
 
     @functools.wraps(original)
     def compile_with_dump(model=None, *, backend="inductor", mode=None, options=None, dynamic=None, **kwargs):
@@ -61,8 +68,12 @@ def patch_torch_compile(session) -> None:
             real = backend
         return original(model, backend=session.backend(real), dynamic=dynamic, **kwargs)
 
-    compile_with_dump._opdump_patched = True
     torch.compile = compile_with_dump
+    try:
+        yield
+    finally:
+        if torch.compile is compile_with_dump:      # the script may have replaced it itself
+            torch.compile = original
 
 
 def main_run(argv: List[str]) -> int:
@@ -74,16 +85,12 @@ def main_run(argv: List[str]) -> int:
         print(f"opdump: invalid config: {exc}", file=sys.stderr)
         return 2
     eager = None
-    with session:
-        patch_torch_compile(session)
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    with session, torch_compile_routed(session):
         if not args.no_eager:
-            try:
-                from ..capture.eager import EagerCapture
-            except ImportError:
-                EagerCapture = None
-            if EagerCapture is not None:
-                eager = EagerCapture(session)
-                eager.start()
+            from ..capture.eager import EagerCapture
+            eager = EagerCapture(session)
+            eager.start()
         try:
             if args.module:
                 sys.argv = [args.module, *args.args]
@@ -99,5 +106,5 @@ def main_run(argv: List[str]) -> int:
         finally:
             if eager is not None:
                 eager.stop()
+            sys.argv, sys.path[:] = saved_argv, saved_path
     return 0
-

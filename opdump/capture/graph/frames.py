@@ -1,0 +1,54 @@
+"""Which model Dynamo is compiling: the root class of operator scopes.
+
+Dynamo hands the backend a graph, not the module it came from; the root class
+(``Default/<RootClass>/…``) is read from the frame being compiled.  A graph
+break resumes in a frame whose ``self`` may be missing: the root last seen for
+the same code is used then.  Dynamo internals vary across versions, so every
+lookup here degrades to "no root" instead of failing.
+"""
+from __future__ import annotations
+
+import re
+from typing import Dict, Optional
+
+import torch
+
+#: frame key → root class last seen there (strings only: keeps nothing alive)
+_last_root: Dict[str, str] = {}
+
+
+def _current_tx():
+    from torch._dynamo.symbolic_convert import InstructionTranslator
+    return InstructionTranslator.current_tx()
+
+
+def _root_class() -> Optional[str]:
+    """The class of ``self`` in the frame Dynamo is compiling (the model's root), if any."""
+    try:
+        tx = _current_tx()
+        code = tx.f_code
+        if code.co_argcount:
+            first = tx.f_locals.get(code.co_varnames[0])
+            if isinstance(first, torch.nn.Module):
+                return type(first).__name__
+    except Exception:  # noqa: BLE001 - Dynamo internals vary across versions: the scope simply omits the root
+        return None
+    return None
+
+
+def frame_key() -> Optional[str]:
+    """``file:function`` of the frame being compiled (a resume function maps to its origin)."""
+    try:
+        code = _current_tx().f_code
+        name = re.sub(r"^torch_dynamo_resume_in_(.*)_at_\d+$", r"\1", code.co_name)
+        return f"{code.co_filename}:{name}"
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def root_class(key: Optional[str]) -> Optional[str]:
+    """The root class for the frame ``key`` being compiled now (remembered for later graph breaks)."""
+    root = _root_class() or (key and _last_root.get(key))
+    if key and root:
+        _last_root[key] = root
+    return root or None
