@@ -1,5 +1,5 @@
 """Helpers shared by overflow, compare and watch: which tensors hold undefined or
-random values (SPEC F30a), chunked reading of memory-mapped arrays, and the
+random values (README, compare: *skipped*), chunked reading of memory-mapped arrays, and the
 finiteness of a tensor from its statistics or its data.
 """
 from __future__ import annotations
@@ -99,10 +99,12 @@ def _as_real(a: np.ndarray) -> np.ndarray:
 
 
 def array_nonfinite(path_or_array, chunk: int = CHUNK_ELEMS) -> Optional[dict]:
-    """Counts of NaN / +Inf / -Inf in a floating array (chunked); None for non-float data."""
+    """Counts of NaN / +Inf / -Inf in a floating array (chunked), and its shape as
+    ``statistic.csv`` writes it; None for non-float data."""
     a = load_array(path_or_array) if isinstance(path_or_array, str) else path_or_array
     if not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.complexfloating)):
         return None
+    shape = a.shape
     a = _as_real(a)
     nan = pinf = ninf = 0
     for c in iter_chunks(a, chunk):
@@ -114,7 +116,7 @@ def array_nonfinite(path_or_array, chunk: int = CHUNK_ELEMS) -> Optional[dict]:
         nan += n
         pinf += int((bad == np.inf).sum())
         ninf += int((bad == -np.inf).sum())
-    return {"nan": nan, "pos_inf": pinf, "neg_inf": ninf}
+    return {"nan": nan, "pos_inf": pinf, "neg_inf": ninf, "shape": "(" + ", ".join(str(d) for d in shape) + ")"}
 
 
 def _f(v: Any) -> Optional[float]:

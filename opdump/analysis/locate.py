@@ -1,18 +1,21 @@
-"""Script line <-> operators (SPEC F29; seed 000 "Data Analysis Sample").
+"""Script line <-> operators (README, Analysis: locate).
 
-``locate(dump, "train.py:175")``: the operators whose source is that line -- forward
-and backward -- with their full names and dumped files per iteration.
+``locate(dump, "train.py:175")``: the operators whose source stack holds that line --
+forward and backward -- with their full names and dumped files per iteration.
 ``locate(dump, "Default/Net/conv3-Conv2d/convolution-op12")``: the reverse, an
 operator (full name, file-name form, a dump file name or a unique substring) ->
 its source line(s) and files.
 
-A line matches an operator's *user frame* (its innermost frame outside
-libraries: torch, mindspore, site-packages, the stdlib); when no operator's user
-frame matches, every frame of the stacks is searched (e.g. a line in a helper
-called from the model, or a library line) and the hits say ``match="stack"``.
-File names match by path suffix (``train.py`` matches ``/home/u/proj/train.py``;
-``src/train.py`` is more specific). A ``def`` frame (MindSpore writes the whole
-enclosing function's range) only stands for its first line.
+An operator's stack is the frames a user sees as code (their own and libraries
+such as ``transformers``; not torch, MindSpore, the standard library or opdump).
+A line matches an operator when *any* frame of its stack is that line: the
+library line where the operator is made (``modeling_llama.py(…)``), the model
+call in the user's script, or a helper in between.  A hit says ``match="innermost"``
+when the frame is the operator's own line (its innermost frame), ``"stack"``
+otherwise.  File names match by path suffix (``train.py`` matches
+``/home/u/proj/train.py``; ``src/train.py`` is more specific). A ``def`` frame
+(MindSpore writes the whole enclosing function's range) only stands for its first
+line.
 """
 from __future__ import annotations
 
@@ -101,19 +104,15 @@ class _FileIndex:
 
 def locate_line(dump: Dump, file: str, line: int, rank: Optional[int] = None,
                 any_frame: bool = False) -> List[LocateHit]:
-    """Operators whose source is ``file:line`` (see module doc for the matching rules)."""
+    """Operators whose source stack holds ``file:line`` (see module doc for the matching
+    rules).  ``any_frame`` is kept for callers of earlier versions: every frame is searched."""
     hits: List[LocateHit] = []
-    if not any_frame:
-        for op in dump.op_infos(rank):
-            fr = op.user_frame
-            if fr is not None and _file_matches(file, fr.file) and fr.covers(line):
-                hits.append(LocateHit(op, fr, "innermost"))
-    if not hits:
-        for op in dump.op_infos(rank):
-            for fr in reversed(op.sources):
-                if _file_matches(file, fr.file) and fr.covers(line):
-                    hits.append(LocateHit(op, fr, "stack"))
-                    break
+    for op in dump.op_infos(rank):
+        own = op.user_frame
+        for fr in reversed(op.sources):
+            if _file_matches(file, fr.file) and fr.covers(line):
+                hits.append(LocateHit(op, fr, "innermost" if fr is own else "stack"))
+                break
     index = _FileIndex(dump)
     for h in hits:
         h.files, h.stats = index.get(h.op)

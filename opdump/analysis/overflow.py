@@ -1,4 +1,4 @@
-"""The first NaN / Inf / overflow of a dump (SPEC F31, F21's definition).
+"""The first NaN / Inf / overflow of a dump (README, Analysis: overflow).
 
 Operators are visited in execution order (iteration, then graph -- graphs of an
 iteration in the order they ran --, then the execution-order CSV).  A tensor's
@@ -10,12 +10,26 @@ The **origin** is the first operator whose output holds NaN/Inf while its
 floating inputs are finite: that operator overflowed.  When the first tensor
 holding NaN/Inf is an operator's *input* (a weight, a graph input, or the output
 of an operator that was not dumped), the origin is reported as ``kind="input"``
-on that operator.  Operators after the origin whose outputs hold NaN/Inf are
-the *affected* ones (victims), listed up to ``max_affected``.
+on that operator; when it comes from a NaN non-tensor *argument*
+(``x + float("nan")``), as ``kind="argument"``.  Operators after the origin whose
+outputs hold NaN/Inf are the *affected* ones (victims), listed up to
+``max_affected``.
 
-Undefined values are ignored (F30a): outputs of ``empty``/``empty_like``/
-``empty_strided``/``new_empty`` and the destination input of wholesale-overwrite
-operators (``fill_``, ``zero_``, ``copy_``, ``uniform_``, ``normal_`` …).
+**Inf on purpose.**  Models make ``-inf`` deliberately: attention masks
+(``scalar_tensor(-inf)``, ``masked_fill(…, -inf)``, ``full(…, finfo.min)`` in a
+narrower dtype).  The capture flags an operator whose non-tensor argument is
+Inf/NaN or a float type's extreme (``nonfinite_args`` in the listing): its inputs
+count as non-finite, so it is never an overflow origin.  Its Inf outputs (no
+NaN) are *on purpose*, and so are the Inf outputs (no NaN) of an operator whose
+non-finite inputs are all on purpose (the mask flowing through ``where``,
+``add``, ``expand``…).  A tensor is recognised downstream by its signature
+(dtype, shape and NaN/+Inf/-Inf counts, or max/min without counts).  An operator
+that turns on-purpose inputs into NaN (a fully masked softmax row) is an origin.
+
+Undefined values are ignored (see :mod:`.common`): outputs of ``empty``/
+``empty_like``/``empty_strided``/``new_empty`` and the destination input of
+wholesale-overwrite operators (``fill_``, ``zero_``, ``copy_``, ``uniform_``,
+``normal_`` …).
 """
 from __future__ import annotations
 
@@ -39,6 +53,12 @@ class TensorState:
     neg_inf: Optional[int] = None
     source: str = ""                  # statistics | tensor
     path: Optional[str] = None
+    signature: Optional[tuple] = None  # recognises the same tensor as another operator's input
+    has_nan: bool = False
+
+    def inf_only(self) -> bool:
+        """Non-finite with Inf values and no NaN (what a mask holds)."""
+        return bool(self.nonfinite) and not self.has_nan
 
     def describe(self) -> str:
         parts = []
@@ -60,7 +80,7 @@ class OverflowEvent:
     op: str
     op_type: str
     order: int
-    kind: str                          # operator | input
+    kind: str                          # operator | input | argument
     tensors: List[TensorState] = field(default_factory=list)   # the NaN/Inf tensors
     inputs_checked: bool = True
     source: str = ""                   # file:line of the user's frame
@@ -89,20 +109,30 @@ class OverflowReport:
         return self.origin is not None
 
 
+def _count(row: Dict[str, Any], key: str) -> Optional[int]:
+    v = row.get(key)
+    try:
+        return int(v) if v is not None and v == v else None
+    except (TypeError, ValueError):
+        return None
+
+
 def _state(row: Dict[str, Any], use_tensors: bool) -> TensorState:
     st = TensorState(row["io"], int(row["slot"]), row.get("dtype"), None, path=row.get("path"))
+    shape = row.get("shape")
     if row.get("stat_row") is True:
         nf = stats_nonfinite(row)
         if nf is not None:
             st.nonfinite, st.source = nf, "statistics"
             if nf:
-                def _c(k):
-                    v = row.get(k)
-                    try:
-                        return int(v) if v == v and v is not None else None
-                    except (TypeError, ValueError):
-                        return None
-                st.nan, st.pos_inf, st.neg_inf = _c("nan_count"), _c("positive_inf_count"), _c("negative_inf_count")
+                st.nan, st.pos_inf, st.neg_inf = (_count(row, "nan_count"), _count(row, "positive_inf_count"),
+                                                  _count(row, "negative_inf_count"))
+                if st.nan is not None:
+                    st.has_nan = st.nan > 0
+                else:       # no NaN count: a NaN max/min/avg says there is NaN
+                    st.has_nan = any(_is_nan(row.get(k)) for k in ("max", "min", "avg", "l2norm"))
+                st.signature = (st.dtype, str(shape), st.nan, st.pos_inf, st.neg_inf,
+                                None if st.nan is not None else (str(row.get("max")), str(row.get("min"))))
             return st
     p = row.get("path")
     if use_tensors and isinstance(p, str):
@@ -110,14 +140,23 @@ def _state(row: Dict[str, Any], use_tensors: bool) -> TensorState:
             c = array_nonfinite(p)
         except (OSError, ValueError):
             c = None
+        st.source = "tensor"
         if c is not None:
             st.nonfinite = (c["nan"] + c["pos_inf"] + c["neg_inf"]) > 0
             st.nan, st.pos_inf, st.neg_inf = c["nan"], c["pos_inf"], c["neg_inf"]
-            st.source = "tensor"
+            st.has_nan = c["nan"] > 0
+            st.signature = (st.dtype, str(c.get("shape", shape)), st.nan, st.pos_inf, st.neg_inf, None)
         else:
             st.nonfinite = False
-            st.source = "tensor"
     return st
+
+
+def _is_nan(v: Any) -> bool:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return False
+    return x != x
 
 
 def find_overflow(dump: Dump, rank: Optional[int] = None, iterations: Optional[Iterable[int]] = None,
@@ -154,6 +193,7 @@ def find_overflow(dump: Dump, rank: Optional[int] = None, iterations: Optional[I
         origin: Optional[OverflowEvent] = None
         affected: List[OverflowEvent] = []
         seen_bad = False
+        iteration, on_purpose = None, set()     # signatures of the iteration's on-purpose Inf tensors
         i = 0
         while i < len(rows):
             j = i
@@ -171,25 +211,35 @@ def find_overflow(dump: Dump, rank: Optional[int] = None, iterations: Optional[I
             report.unknown_tensors += sum(1 for s in states if s.nonfinite is None)
             methods.update(s.source for s in states if s.source)
             g0 = group[0]
-            is_param = g0["kind"] != "op"
+            if g0["kind"] != "op":
+                continue   # parameters are reached through the operators that read them
+            if g0["iteration"] != iteration:
+                iteration, on_purpose = g0["iteration"], set()
             bad_in = [s for s in states if s.io == "input" and s.nonfinite]
             bad_out = [s for s in states if s.io == "output" and s.nonfinite]
-            has_inputs = any(s.io == "input" for s in states)
-            if is_param:
-                continue   # parameters are reached through the operators that read them
             if not bad_in and not bad_out:
                 continue
-            ev = OverflowEvent(rk, int(g0["iteration"]), int(g0["graph"]), g0["op"], g0["op_type"],
-                               int(g0["order"]), "operator", bad_out or bad_in, has_inputs)
             info = dump.op_info(g0["op"], rank=rk, graph=int(g0["graph"]))
+            flagged = info is not None and info.nonfinite_args
+            unexplained = [s for s in bad_in if not (s.inf_only() and s.signature in on_purpose)]
+            if not unexplained and (flagged or bad_in) and not any(s.has_nan for s in bad_out):
+                # Inf made on purpose (a mask), or an on-purpose Inf passed along: not an origin
+                on_purpose.update(s.signature for s in bad_out if s.signature is not None)
+                continue
+            ev = OverflowEvent(rk, int(g0["iteration"]), int(g0["graph"]), g0["op"], g0["op_type"],
+                               int(g0["order"]), "operator", bad_out or bad_in,
+                               any(s.io == "input" for s in states))
             if info is not None:
                 ev.source, ev.code = info.source, info.code
             if origin is None:
-                if bad_out and not bad_in:
+                if flagged and bad_out and not unexplained:
+                    ev.kind = "argument"        # a NaN came in as a non-tensor argument
                     origin = ev
-                elif bad_in and not seen_bad:
+                elif bad_out and not unexplained:
+                    origin = ev
+                elif unexplained and not seen_bad:
                     ev.kind = "input"
-                    ev.tensors = bad_in + bad_out
+                    ev.tensors = unexplained + bad_out
                     origin = ev
                 seen_bad = True
                 continue

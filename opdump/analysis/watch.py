@@ -1,4 +1,4 @@
-"""Watchpoints over a dump, in the style of an offline debugger (SPEC F33).
+"""Watchpoints over a dump, in the style of an offline debugger (README, Analysis: watch).
 
 Conditions (``name:param=value,param=value``; a condition hits when *any* of its
 given parameters is satisfied):
@@ -26,7 +26,7 @@ tensor in the previous dumped iteration; they watch parameters (weights,
 optimizer state) by default, every other condition watches every tensor
 (``target`` changes that: ``params``, ``ops``, ``all``; graph inputs, the
 ``Parameter.inputsN`` files, are left out of the default).  Undefined values
-(``empty*`` outputs, destinations of ``fill_``/``copy_``/… -- SPEC F30a) are never
+(``empty*`` outputs, destinations of ``fill_``/``copy_``/…, see :mod:`.common`) are never
 watched.
 """
 from __future__ import annotations
@@ -186,6 +186,11 @@ def _num(v) -> Optional[float]:
     return None if math.isnan(x) else x
 
 
+#: quantities that are over the finite elements (README, watch): a statistic that is Inf
+#: includes Inf elements, so it says nothing about them
+_FINITE_ONLY = frozenset({"max", "min", "mean"})
+
+
 def _row_values(row: Dict[str, Any], conds: Sequence[Condition]) -> Optional[Dict[str, float]]:
     """The quantities the conditions need, from statistics when enough, else from data."""
     need = set()
@@ -210,8 +215,8 @@ def _row_values(row: Dict[str, Any], conds: Sequence[Condition]) -> Optional[Dic
              "negative_inf_count": row.get("negative_inf_count")}
         for k, v in m.items():
             x = _num(v)
-            if x is not None:
-                vals[k] = x
+            if x is not None and not (k in _FINITE_ONLY and math.isinf(x)):
+                vals[k] = x             # (an Inf max/min/avg is not over the finite elements: unknown)
         if "nan_count" not in vals and "positive_inf_count" not in vals:
             # no counts: NaN/Inf in max/min/avg/l2norm tell there is some
             raw = [row.get(k) for k in ("max", "min", "avg", "l2norm")]

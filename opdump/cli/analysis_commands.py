@@ -168,8 +168,8 @@ def cmd_locate(args) -> int:
     if not hits:
         print(f"no operator found for {args.where!r}")
         return 1
-    if hits[0].match == "stack":
-        print("(no operator has this line as its innermost user frame; matches anywhere in the call stack)")
+    if all(h.match == "stack" for h in hits):
+        print("(the line is in these operators' call stacks, not their own innermost line)")
     for h in hits:
         o = h.op
         print(f"{o.full_name}")
@@ -227,8 +227,9 @@ def cmd_overflow(args) -> int:
                   "l2norm/NaN/Inf counts and no tensor data)")
         return 0
     o = rep.origin
-    what = "first operator producing NaN/Inf" if o.kind == "operator" else \
-        "NaN/Inf first seen in the inputs of"
+    what = {"operator": "first operator producing NaN/Inf",
+            "argument": "NaN/Inf first brought in by a non-tensor argument of"}.get(
+        o.kind, "NaN/Inf first seen in the inputs of")
     print(f"{what}: {o.op}")
     print(f"    type {o.op_type}, iteration {o.iteration}, rank {o.rank}, graph {o.graph}")
     if o.source:
@@ -237,6 +238,8 @@ def cmd_overflow(args) -> int:
         print(f"    {t.describe()}" + (f"  [{t.path}]" if t.path else ""))
     if o.kind == "operator":
         print("    its floating inputs are finite" if o.inputs_checked else "    (its inputs were not dumped)")
+    elif o.kind == "argument":
+        print("    (a scalar or fill value that is NaN, e.g. x + float('nan'))")
     else:
         print("    (from a parameter, a graph input, or an operator that was not dumped)")
     if rep.affected:
@@ -355,7 +358,7 @@ def register(subparsers) -> None:
     p.add_argument("where")
     p.add_argument("--rank", type=int)
     p.add_argument("--any-frame", action="store_true",
-                   help="match the line anywhere in the operators' call stacks, not only the innermost user frame")
+                   help="kept for compatibility: every frame of the operators' stacks is searched")
     p.add_argument("--files", action="store_true", help="print every file path")
     p.add_argument("--stack", action="store_true", help="print every source frame")
     p.add_argument("--json", action="store_true")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import List, Optional
 
@@ -33,13 +34,29 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        return _closed_pipe()
     except ModuleNotFoundError as exc:
         # the analysis side imports pandas (an optional dependency) only when it needs it
         if exc.name not in ("pandas", "tqdm"):
             raise
         print(f"opdump {args.command}: needs {exc.name}; pip install 'opdump[analysis]'", file=sys.stderr)
         return 2
+
+
+def _closed_pipe() -> int:
+    """The reader of our output went away (``opdump ls D | head``): stop quietly, the way
+    Python's documentation recommends (signal module, "Note on SIGPIPE") -- what is left
+    in stdout's buffer goes to /dev/null, so the flush at exit does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+    return 1
 
 
 if __name__ == "__main__":

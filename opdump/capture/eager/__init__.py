@@ -1,4 +1,4 @@
-"""Eager mode (SPEC F11): a ``TorchDispatchMode`` front-end sharing naming,
+"""Eager mode (README, Eager mode): a ``TorchDispatchMode`` front-end sharing naming,
 selection, statistics and writing with the graph front-end.
 
 ``with opdump.capture.eager.EagerCapture(session): train()`` — or ``opdump run``,

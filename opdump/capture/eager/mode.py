@@ -34,7 +34,7 @@ Decisions (README-ready):
 * **Iterations.** Each top-level call of a root module calls
   ``session.enter_forward`` (keyed per root module, so ``model`` then ``loss_fn``
   modules in one step are one iteration); the optimizer hook of the session does
-  the rest (SPEC F12).  Every top-level call is recorded with
+  the rest (README, How it works).  Every top-level call is recorded with
   ``session.note_graph_ran`` (the global execution order).
 * **Files per dumped iteration.** The ``.ir``/``.json`` listing of graph
   ``{graph_id}`` (graph kind ``eager``) is every operator seen in any dumped
