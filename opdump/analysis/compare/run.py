@@ -26,7 +26,9 @@ from .verdict import Thresholds, judge_metrics, judge_pair
 
 __all__ = ["compare", "CompareError"]
 
-#: below this share of matched operators (either side), the result warns: different models?
+#: when fewer than this share of the operators of A, and of B, are matched, the result warns:
+#: different models? (one side mostly matched is a subset, e.g. a compiled model against the
+#: whole eager step)
 MIN_MATCHED_SHARE = 0.5
 
 
@@ -230,9 +232,9 @@ def _result(da, db, pairs: List[Pair], rank_pairs, it_pairs, thresholds, pd) -> 
     ops = {"calls_a": len(calls_a), "matched_a": sum(1 for c in calls_a if any(p.matched for p in c)),
            "calls_b": len(calls_b), "matched_b": sum(1 for c in calls_b if any(p.matched for p in c))}
     warnings = []
-    share = min(ops["matched_a"] / ops["calls_a"] if ops["calls_a"] else 1.0,
+    share = max(ops["matched_a"] / ops["calls_a"] if ops["calls_a"] else 1.0,
                 ops["matched_b"] / ops["calls_b"] if ops["calls_b"] else 1.0)
-    if share < MIN_MATCHED_SHARE:
+    if share < MIN_MATCHED_SHARE:          # both sides mostly unmatched (one side a subset is fine: eager vs graph)
         warnings.append(f"most operators are unmatched ({ops['matched_a']} of {ops['calls_a']} in A, "
                         f"{ops['matched_b']} of {ops['calls_b']} in B matched): A and B may come from different "
                         "models or programs")
