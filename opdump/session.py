@@ -5,7 +5,15 @@ backend, the eager dispatch mode) ask it whether the current iteration dumps and
 hand it their tensors.  ``opdump run`` opens one around the user's script;
 Python users open one with ``with opdump.Session(config):``.
 
-Iterations (SPEC F12): the counter advances after every ``optimizer.step()``
+Reliability (README, "Reliability"): the dump folder is checked, created, probed
+and locked when the session starts (a path that cannot hold a dump is a
+ConfigError before the first step); afterwards no file-system error reaches the
+caller: the first one is reported once as a warning, dumping stops, training goes
+on, and ``manifest.json`` records it.  A process forked from a dumping process
+(a DataLoader worker) never writes.  A closed session leaves no hook, lock or
+reference behind.
+
+Iterations: the counter advances after every ``optimizer.step()``
 (a global optimizer post-hook) or on :meth:`Session.step`.  Until either has
 happened, each new top-level call of a dumped model is an iteration: a forward
 graph (or eager model call) that already ran in the current iteration starts a
@@ -20,31 +28,56 @@ import os
 import platform
 import threading
 import warnings
+import weakref
 from typing import Callable, Dict, List, Optional, Set, Union
 
 import torch
 
+from . import active
 from .config import ConfigError, DumpConfig, load_config
 from .recorder import Recorder
 from .select import OpSelector
 from .stats.engine import host_categories
 from .version import __version__
+from .format import layout as fmt
+from .write.dump_folder import open_rank_folder
 from .write.layout import Layout
+from .write.manifest import Manifest, iteration_ranges
+from .write.safe_fs import DumpTree
 from .write.writer import BackgroundWriter
 
-_current: Optional["Session"] = None
-_current_lock = threading.Lock()
+#: sessions of this process with a dump folder, for the fork hook (weak: never keeps one alive)
+_LIVE: "weakref.WeakSet[Session]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (a DataLoader worker) never writes: its copies of the sessions stop."""
+    for session in list(_LIVE):
+        session._abandon_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+def _session_from_env() -> None:
+    """:mod:`opdump.active`'s factory: opens a session from ``$OPDUMP_CONFIG`` (closed at exit)."""
+    if os.environ.get("OPDUMP_CONFIG") or os.environ.get("MINDSPORE_DUMP_CONFIG"):
+        try:
+            session = Session()
+        except ConfigError as exc:      # asked from inside the training: warn once, dump off
+            active.set_factory(None)
+            warnings.warn(f"opdump: dumping is off: {exc}", UserWarning, stacklevel=4)
+            return
+        session._activate_locked()
+        session._close_at_exit()
+
+
+active.set_factory(_session_from_env)
 
 
 def current_session(create: bool = True) -> Optional["Session"]:
     """The active session; with ``create``, one is started from ``$OPDUMP_CONFIG`` if none is."""
-    global _current
-    with _current_lock:
-        if _current is None and create and (os.environ.get("OPDUMP_CONFIG") or os.environ.get("MINDSPORE_DUMP_CONFIG")):
-            session = Session()
-            session._activate_locked()
-            atexit.register(session.close)
-        return _current
+    return active.current(create)
 
 
 class Session:
@@ -57,6 +90,13 @@ class Session:
             raise TypeError("Session(config): expected a DumpConfig or a path to a JSON config")
         self.config = config
         self._check_supported(config)
+        self.enabled = config.enable
+        self._rank = rank
+        #: the dump root used (``path``, or ``{path}-N`` with ``existing: "new-folder"``)
+        self.dump_root = config.path
+        self._tree: Optional[DumpTree] = None
+        if self.enabled:
+            self.dump_root, self._tree = open_rank_folder(config, self._start_rank())
         self.selector = OpSelector(config)
         #: only statistics computed on the device are dumped: no host copy, no file; the writer's
         #: work is a few rows of text per step, done in the step's idle moments (files and host
@@ -70,7 +110,6 @@ class Session:
         if fallback:
             warnings.warn(f"opdump: {fallback}", UserWarning, stacklevel=2)
         self.iteration = 0
-        self._rank = rank
         self._layout: Optional[Layout] = None
         self._graph_ids = itertools.count()
         self._graph_lock = threading.Lock()
@@ -81,8 +120,16 @@ class Session:
         self._iteration_end_hooks: List[Callable[[int], None]] = []
         self._close_hooks: List[Callable[[], None]] = []
         self._hook_handle = None
+        self._atexit_hook: Optional[Callable[[], None]] = None
         self._closed = False
-        self.enabled = config.enable
+        self._forked = False
+        self._manifest: Optional[Manifest] = None
+        self._manifest_seen: Optional[tuple] = None
+        self._lag_mark: list = []                 # the writer's jobs at the end of the last iteration
+        self._lag_iteration: Optional[int] = None
+        self._on_disk_through: Optional[int] = None
+        if self._tree is not None:
+            _LIVE.add(self)
 
     @staticmethod
     def _check_supported(config: DumpConfig) -> None:
@@ -103,42 +150,75 @@ class Session:
 
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> "Session":
-        with _current_lock:
-            self._activate_locked()
+        self._activate_locked()
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
     def _activate_locked(self) -> None:
-        global _current
-        if _current is not None and _current is not self:
-            raise RuntimeError("another opdump session is already active")
-        _current = self
+        active.activate(self)
         from torch.optim.optimizer import register_optimizer_step_post_hook
         self._hook_handle = register_optimizer_step_post_hook(lambda opt, args, kwargs: self._advance())
 
+    def _close_at_exit(self) -> None:
+        """Close at interpreter exit (sessions opened from the environment); the hook holds
+        the session weakly and is removed by :meth:`close`."""
+        ref = weakref.ref(self)
+
+        def close() -> None:
+            session = ref()
+            if session is not None:
+                session.close()
+        self._atexit_hook = close
+        atexit.register(close)
+
     def close(self) -> None:
-        """Flush everything, write the per-run files, report unused ``kernels`` entries."""
-        global _current
+        """Flush everything, write the per-run files, report unused ``kernels`` entries,
+        release the dump folder and every hook (nothing keeps the session alive after)."""
         if self._closed:
             return
         self._closed = True
         if self._hook_handle is not None:
             self._hook_handle.remove()
-        with _current_lock:
-            if _current is self:
-                _current = None
+            self._hook_handle = None
+        if self._atexit_hook is not None:
+            atexit.unregister(self._atexit_hook)
+            self._atexit_hook = None
+        active.deactivate(self)
         for hook in self._close_hooks:
             hook()
         self._end_iteration(self.iteration)
         errors = self.writer.close()
         self.recorder.close()
         if self._layout is not None:
-            self._write_global_orders()
-            self._write_manifest(complete=not errors)
+            self._on_disk_through = self._lag_iteration
+            if not errors:
+                self._write_global_orders()
+            self._write_manifest(complete=not self.writer.errors)
+        if self._manifest is not None:
+            self._manifest.close()
+        if self._tree is not None:
+            self._tree.close()
+        _LIVE.discard(self)
+        self._iteration_end_hooks.clear()
+        self._close_hooks.clear()
         for entry in self.selector.kernels.unused():
             warnings.warn(f"opdump: kernels entry {entry!r} matched no operator", UserWarning, stacklevel=2)
+
+    def _abandon_in_child(self) -> None:
+        """After ``fork``, in the child: this copy of the session never writes (the parent
+        keeps the dump, its lock and its writer)."""
+        self._forked = True
+        self._closed = True
+        self.enabled = False
+        self.writer.abandon()
+        if self._manifest is not None:
+            self._manifest.forget_in_child()
+        if self._tree is not None:
+            self._tree.forget_in_child()
+        self._hook_handle = None
+        self._atexit_hook = None
 
     # ------------------------------------------------------------------ iterations
     def step(self) -> None:
@@ -155,6 +235,21 @@ class Session:
         for hook in self._iteration_end_hooks:
             hook(iteration)
         self.recorder.flush_statistics()
+        self._bound_lag(iteration)
+
+    def _bound_lag(self, iteration: int) -> None:
+        """Wait for the writer jobs queued up to the end of the previous iteration: the files
+        and rows of an iteration are on disk at most one iteration after it ends, whatever
+        the writer threads' priority (they run whenever the training thread waits here).
+        Then the manifest says so."""
+        if self._layout is None or self._forked:
+            return
+        mark = self.writer.mark()
+        self.writer.wait(self._lag_mark)
+        through, self._lag_mark, self._lag_iteration = self._lag_iteration, mark, iteration
+        if through is not None and not self._closed:
+            self._on_disk_through = through
+            self._write_manifest(complete=False)
 
     def on_iteration_end(self, hook: Callable[[int], None]) -> None:
         self._iteration_end_hooks.append(hook)
@@ -198,21 +293,66 @@ class Session:
         return self.layout.iteration_dir(graph_id, self.iteration)
 
     # ------------------------------------------------------------------ files
+    def _start_rank(self) -> int:
+        """The rank as known when the session starts (the folder locked then); the layout
+        moves to the real rank if ``torch.distributed`` is initialised later with another."""
+        if self._rank is not None:
+            return self._rank
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            return torch.distributed.get_rank()
+        try:
+            return int(os.environ.get("RANK", "0"))
+        except ValueError:
+            return 0
+
     @property
     def rank(self) -> int:
         if self._rank is None:
             if torch.distributed.is_available() and torch.distributed.is_initialized():
                 self._rank = torch.distributed.get_rank()
             else:
-                self._rank = int(os.environ.get("RANK", "0"))
+                self._rank = self._start_rank()
         return self._rank
 
     @property
     def layout(self) -> Layout:
         if self._layout is None:
-            self._layout = Layout(self.config.path, self.rank, self.config.net_name)
-            self._write_metadata()
+            tree = self._tree_for(self.rank)
+            self._layout = Layout(self.dump_root, self.rank, self.config.net_name, tree=tree,
+                                  on_error=self._write_failed)
+            if tree.is_open:
+                self._manifest = Manifest(tree, os.path.join(self._layout.metadata_dir, fmt.MANIFEST_JSON))
+                self._write_metadata()
         return self._layout
+
+    def _tree_for(self, rank: int) -> DumpTree:
+        """The open rank folder of ``rank``; when the rank became known only now (a later
+        ``init_process_group``), the folder locked at start is given back and this one opened
+        (a failure is a write error: dumping stops)."""
+        tree = self._tree
+        want = os.path.join(self.dump_root, fmt.rank_dir_name(rank))
+        if tree is not None and tree.path == want:
+            return tree
+        if tree is not None:
+            empty = tree.is_open and not tree.entries()
+            tree.close()
+            if empty:
+                try:
+                    os.rmdir(tree.path)
+                except OSError:
+                    pass
+        try:
+            self.dump_root, self._tree = open_rank_folder(self.config, rank)
+        except (ConfigError, OSError) as exc:
+            self._tree = DumpTree(want)             # closed: every write through it fails
+            self._write_failed(exc if isinstance(exc, OSError) else OSError(str(exc)))
+        _LIVE.add(self)
+        return self._tree
+
+    def _write_failed(self, exc: BaseException) -> None:
+        """A write error met outside a writer job: reported by the writer (once), dumping stops."""
+        if not self._forked:
+            self.writer.fail(exc)
 
     def _write_metadata(self) -> None:
         layout = self._layout
@@ -231,19 +371,34 @@ class Session:
         self._write_manifest(complete=False)
 
     def _write_manifest(self, complete: bool) -> None:
-        layout = self._layout
-        manifest = {
+        """``manifest.json`` (:mod:`.write.manifest`): rewritten only when something changed."""
+        manifest, tree = self._manifest, self._tree
+        if manifest is None or tree is None:
+            return
+        errors = self.writer.errors
+        state = (complete, self._on_disk_through, len(self._dumped_iterations), tree.files_written,
+                 tree.rows_written, len(errors))
+        if state == self._manifest_seen:
+            return
+        doc = {
             "complete": complete,
-            "tool": "opdump", "version": __version__,
-            "dumped_iterations": sorted(self._dumped_iterations),
-            "files_written": self.writer.files_written, "bytes_written": self.writer.bytes_written,
-            "errors": [repr(e) for e in self.writer.errors[:10]],
+            "tool": "opdump", "version": __version__, "pid": os.getpid(),
+            "dumped_iterations": iteration_ranges(self._dumped_iterations),
+            "iteration_in_progress": None if complete else self.iteration,
+            "on_disk_through": self._on_disk_through,
+            "files_written": tree.files_written, "bytes_written": tree.bytes_written,
+            "rows_written": tree.rows_written,
+            "errors": [str(e)[:300] for e in errors[:5]], "error_count": len(errors),
         }
-        layout.write_small(os.path.join(layout.metadata_dir, "manifest.json"), json.dumps(manifest, indent=1).encode())
+        try:
+            manifest.write(doc)
+            self._manifest_seen = state
+        except Exception as exc:        # noqa: BLE001 - reported: dumping stops
+            self._write_failed(exc)
 
     def _write_global_orders(self) -> None:
         for graph_id, iterations in self._graph_iterations.items():
-            body = "".join(f"{i}\n" for i in sorted(iterations)).encode()
+            body = fmt.render_global_execution_order(iterations).encode()
             self.layout.write_small(self.layout.global_execution_order_path(graph_id), body)
 
     # ------------------------------------------------------------------ API sugar

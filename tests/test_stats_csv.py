@@ -69,11 +69,20 @@ def test_reopen_with_other_categories_refuses(tmp_path):
 
 def test_quoting_round_trips(tmp_path):
     p = str(tmp_path / "statistic.csv")
-    odd = 'Default/a,b/"quoted"\nop'
+    odd = 'Default/a,b/"quoted"op'
     StatisticCsv(p, CATS).append_rows([row(op_name=odd), row(extra=("nan", "", "inf"))])
     rows = read(p)
     assert rows[1][1] == odd
     assert rows[2][10:] == ["nan", "", "inf"]
+
+
+def test_control_characters_stay_on_one_line(tmp_path):
+    """A newline or a NUL in a name is written as an escape: one row per line, no raw NUL."""
+    p = tmp_path / "statistic.csv"
+    StatisticCsv(str(p), CATS).append_rows([row(op_name="a\nb\x00c\u2028d"), row()])
+    data = p.read_bytes()
+    assert b"\x00" not in data and data.count(b"\n") == 3
+    assert read(str(p))[1][1] == "a\\x0ab\\x00c\\u2028d"
 
 
 def test_wrong_width_is_rejected(tmp_path):

@@ -64,9 +64,11 @@ E2E_FIELDS = {
 }
 
 OPDUMP_FIELDS = {
-    "writer_queue_mb": v.Field(v.integer(lo=1)),
+    "writer_queue_mb": v.Field(v.integer(lo=1, hi=1 << 20)),     # up to 1 TiB waiting to be written
     "writer_threads": v.Field(v.integer(lo=1, hi=16)),
     "eager_capture": v.Field(v.choice("model", "all")),
+    # a rank folder that already holds a dump: refuse (default), write to {path}-N, or empty it first
+    "existing": v.Field(v.choice("refuse", "new-folder", "overwrite")),
 }
 
 SECTIONS = {COMMON: COMMON_FIELDS, E2E: E2E_FIELDS, OPDUMP: OPDUMP_FIELDS}

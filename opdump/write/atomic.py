@@ -1,4 +1,4 @@
-"""Files are written whole or not at all (SPEC F38).
+"""Files are written whole or not at all (README, "Reliability").
 
 Each file is written under a short hidden temporary name in its final folder and
 renamed into place; a crash leaves at most a ``.opdump-tmp-*`` file that readers
@@ -8,14 +8,16 @@ flush per operator).
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import io
 import os
 import threading
-from typing import BinaryIO, Callable, Optional, Tuple
+from typing import TYPE_CHECKING, BinaryIO, Callable, Optional, Tuple
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .safe_fs import DumpTree
 
 TMP_PREFIX = ".opdump-tmp-"
 _counter = iter(range(1 << 62))
@@ -24,19 +26,26 @@ _WRITEV = hasattr(os, "writev")           # POSIX; elsewhere every array takes n
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
 
 
-def _tmp_path(folder: str) -> str:
+def _tmp_name() -> str:
     with _counter_lock:
         n = next(_counter)
-    return os.path.join(folder, f"{TMP_PREFIX}{os.getpid()}-{n}")
+    return f"{TMP_PREFIX}{os.getpid()}-{n}"
 
 
-@contextlib.contextmanager
-def _into_place(path: str):
-    """A temporary name next to ``path``: renamed to ``path`` when the block succeeds,
-    removed when it fails."""
-    tmp = _tmp_path(os.path.dirname(path))
+def _write_whole(path: str, fill: Callable[[int], None], tree: Optional["DumpTree"]) -> None:
+    """Create ``path`` whole: ``fill(fd)`` writes a temporary file next to it, renamed
+    to ``path`` when it succeeds, removed when it fails.  With ``tree`` (the dump's
+    open folder) every component is reached without following links."""
+    if tree is not None:
+        tree.write_file(path, fill, _tmp_name)
+        return
+    tmp = os.path.join(os.path.dirname(path), _tmp_name())
     try:
-        yield tmp
+        fd = os.open(tmp, _CREATE_FLAGS, 0o644)
+        try:
+            fill(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -46,18 +55,19 @@ def _into_place(path: str):
         raise
 
 
-def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> None:
+def atomic_write(path: str, write: Callable[[BinaryIO], None], tree: Optional["DumpTree"] = None) -> None:
     """Run ``write(f)`` on a temporary file next to ``path``, then rename it to ``path``."""
-    with _into_place(path) as tmp:
-        with open(tmp, "wb") as f:
+    def fill(fd: int) -> None:
+        with os.fdopen(fd, "wb", closefd=False) as f:
             write(f)
+    _write_whole(path, fill, tree)
 
 
-def atomic_write_bytes(path: str, data: bytes) -> None:
-    atomic_write(path, lambda f: f.write(data))
+def atomic_write_bytes(path: str, data: bytes, tree: Optional["DumpTree"] = None) -> None:
+    _write_whole(path, lambda fd: _write_all(fd, data, None), tree)
 
 
-def atomic_save_npy(path: str, array: np.ndarray) -> None:
+def atomic_save_npy(path: str, array: np.ndarray, tree: Optional["DumpTree"] = None) -> None:
     """``numpy.save`` semantics (no pickle), written atomically: the bytes of
     ``numpy.save(path, array, allow_pickle=False)`` for the array in C order.
 
@@ -75,15 +85,10 @@ def atomic_save_npy(path: str, array: np.ndarray) -> None:
         array = array.copy(order="C")      # not np.ascontiguousarray: it turns 0-d arrays into 1-d
     header = _npy_header(array.dtype, array.shape)
     if header is None:
-        atomic_write(path, lambda f: np.lib.format.write_array(f, array, allow_pickle=False))
+        atomic_write(path, lambda f: np.lib.format.write_array(f, array, allow_pickle=False), tree)
         return
     data = array.reshape(-1).view(np.uint8)      # a view: the array is C-contiguous
-    with _into_place(path) as tmp:
-        fd = os.open(tmp, _CREATE_FLAGS, 0o644)
-        try:
-            _write_all(fd, header, data)
-        finally:
-            os.close(fd)
+    _write_whole(path, lambda fd: _write_all(fd, header, data), tree)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -102,13 +107,14 @@ def _npy_header(dtype: np.dtype, shape: Tuple[int, ...]) -> Optional[bytes]:
     return out.getvalue()
 
 
-def _write_all(fd: int, header: bytes, data: np.ndarray) -> None:
-    """``header`` then ``data`` (bytes, 1-d) to ``fd``: one ``writev``, continued with
-    ``write`` where it wrote less (a signal, a file system's limit per call)."""
-    done = os.writev(fd, [header, data])
-    if done >= len(header) + data.nbytes:
+def _write_all(fd: int, header: bytes, data: Optional[np.ndarray]) -> None:
+    """``header`` then ``data`` (bytes, 1-d; or None) to ``fd``: one ``writev``, continued
+    with ``write`` where it wrote less (a signal, a file system's limit per call)."""
+    parts = [memoryview(header)] if data is None else [memoryview(header), memoryview(data)]
+    done = os.writev(fd, parts) if _WRITEV else 0
+    if done >= sum(p.nbytes for p in parts):
         return
-    for part in (memoryview(header), memoryview(data)):
+    for part in parts:
         if done >= len(part):
             done -= len(part)
             continue

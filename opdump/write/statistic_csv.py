@@ -1,6 +1,6 @@
 """``statistic.csv``: append-only, one ``write()`` per batch of complete rows.
 
-Crash safety (F38): the rows of a batch are formatted into one bytes object
+Crash safety (README, "Reliability"): the rows of a batch are formatted into one bytes object
 first, then appended with ``os.open(O_WRONLY|O_APPEND|O_CREAT)`` and a single
 ``os.write``.  A process killed between two batches therefore leaves only whole
 rows: the kernel copies the buffer into the file in one system call, it never
@@ -17,18 +17,29 @@ file whose header differs — other categories — is an error rather than a
 mixed table).  Appends to one path are serialised by a per-path lock shared by
 every :class:`StatisticCsv` of the process, so rows of concurrent writer
 threads never interleave.  Quoting is the csv module's (minimal quoting: the
-shape ``(2,3)`` is written ``"(2,3)"`` as MindSpore does); lines end with ``\\n``.
+shape ``(2,3)`` is written ``"(2,3)"`` as MindSpore does); lines end with ``\\n``;
+control characters in a name (a NUL, a newline) are written as backslash escapes
+(:mod:`.text`), so every row is one line of valid CSV whatever a model names.
+
+Inside a dump the file is reached through the dump's open folder (``tree``,
+:mod:`.safe_fs`): a symbolic link planted as ``statistic.csv`` or as one of its
+folders is refused, never appended through.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import os
 import threading
-from typing import Iterable, List, Sequence
+from typing import TYPE_CHECKING, Iterable, List, Optional, Sequence
 
+from .text import escape_controls
 from ..stats.categories import statistic_header
 from ..stats.formatting import format_shape
+
+if TYPE_CHECKING:
+    from .safe_fs import DumpTree
 
 __all__ = ["StatisticCsv", "format_shape", "encode_rows", "encode_fields"]
 
@@ -48,7 +59,7 @@ def encode_rows(rows: Iterable[Sequence]) -> bytes:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     for row in rows:
-        w.writerow(["" if c is None else c for c in row])
+        w.writerow(["" if c is None else escape_controls(c) if isinstance(c, str) else c for c in row])
     return buf.getvalue().encode("utf-8")
 
 
@@ -61,8 +72,9 @@ def encode_fields(cells: Sequence[str]) -> str:
 class StatisticCsv:
     """One ``statistic.csv`` file, for the statistic ``categories`` of the config."""
 
-    def __init__(self, path: str, categories: Sequence[str]):
+    def __init__(self, path: str, categories: Sequence[str], tree: Optional["DumpTree"] = None):
         self.path = os.fspath(path)
+        self._tree = tree
         self.header: List[str] = statistic_header(categories)
         self._header_bytes = encode_rows([self.header])
         self._lock = _lock_for(self.path)
@@ -84,24 +96,38 @@ class StatisticCsv:
         the caller guarantees the width, see :func:`encode_fields`) in one write."""
         if not body:
             return
-        with self._lock:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
-            try:
-                start = os.fstat(fd).st_size
-                if start == 0:
-                    data = self._header_bytes + body
-                else:
-                    if not self._header_ok:
-                        self._check_header()
-                    data = body
-                self._write_all(fd, data, start)
-                self._header_ok = True
-            finally:
-                os.close(fd)
+        with self._lock, self._open() as fd:
+            start = os.fstat(fd).st_size
+            if start == 0:
+                data = self._header_bytes + body
+            else:
+                if not self._header_ok:
+                    self._check_header()
+                data = body
+            self._write_all(fd, data, start)
+            self._header_ok = True
+            if self._tree is not None:
+                self._tree.note_appended(body.count(b"\n"), len(data), start == 0)
+
+    @contextlib.contextmanager
+    def _open(self):
+        if self._tree is not None:
+            with self._tree.open_append(self.path) as fd:
+                yield fd
+            return
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
 
     def _check_header(self) -> None:
-        with open(self.path, "rb") as f:
-            first = f.readline(1 << 16)
+        if self._tree is not None:
+            first = self._tree.read_head(self.path, len(self._header_bytes) + 1)
+            first = first[:first.find(b"\n") + 1] if b"\n" in first else first
+        else:
+            with open(self.path, "rb") as f:
+                first = f.readline(1 << 16)
         if first != self._header_bytes:
             raise ValueError(f"{self.path}: existing statistic.csv has another header "
                              f"({first.decode('utf-8', 'replace').strip()!r}); not appending")

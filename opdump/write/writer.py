@@ -7,10 +7,19 @@ running jobs exceed the budget, so memory stays bounded whatever the model size
 budget runs alone.  Jobs run in submission order (FIFO), so a job may wait for
 the futures of earlier jobs.
 
-A failing job (disk full, permission denied) does not stop training: the first
-error is kept, reported once as a warning, and from then on :attr:`failed` is
-true so the session stops dumping; ``close`` re-raises nothing but returns the
-errors, so the caller decides.
+A failing job (disk full, permission denied, a link planted in the dump) does not
+stop training: the first error is kept, reported once as a warning, and from then
+on :attr:`failed` is true so the session stops dumping; jobs still queued, and jobs
+submitted later, are dropped (never run, never raising).  Errors met outside a job
+(a folder made on the training thread) are reported the same way through
+:meth:`fail`.  ``close`` re-raises nothing but returns the errors, so the caller
+decides.  Nothing here raises into the caller's thread: :meth:`submit` on a closed
+or failed writer returns a finished future holding None.
+
+:meth:`mark` and :meth:`wait` bound how far the writer may fall behind: the session
+marks the jobs queued at the end of each iteration and waits for the previous
+mark, so the rows of an iteration are on disk at most one iteration after it ends,
+whatever the threads' priority.
 
 With ``low_priority`` the writer threads run at the lowest CPU priority (nice +19,
 Linux; niceness is per thread there): on a machine whose cores the training step
@@ -41,6 +50,12 @@ def _lowest_priority() -> None:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         except OSError:
             pass
+
+
+def _done_future() -> cf.Future:
+    fut: cf.Future = cf.Future()
+    fut.set_result(None)
+    return fut
 
 
 class BackgroundWriter:
@@ -78,28 +93,43 @@ class BackgroundWriter:
             self._cond.notify_all()
 
     def submit(self, fn: Callable[[], Any], nbytes: int = 0, *, reserved: bool = False) -> cf.Future:
-        """Queue ``fn``; ``nbytes`` is what it holds (already reserved when ``reserved``)."""
-        if self._closed:
-            raise RuntimeError("opdump writer is closed")
+        """Queue ``fn``; ``nbytes`` is what it holds (already reserved when ``reserved``).
+        On a closed or failed writer nothing is queued: a finished future holding None."""
+        if self._closed or self.errors:
+            if reserved and nbytes:
+                self.release(nbytes)
+            return _done_future()
         if not reserved and nbytes:
             self.reserve(nbytes)
-        fut = self._pool.submit(self._run, fn, nbytes)
+        try:
+            fut = self._pool.submit(self._run, fn, nbytes)
+        except RuntimeError as exc:              # the pool is shut down (interpreter exit)
+            if nbytes:
+                self.release(nbytes)
+            self.fail(exc)
+            return _done_future()
         with self._cond:
             self._pending.add(fut)
         fut.add_done_callback(self._done)
         return fut
 
+    def fail(self, exc: BaseException) -> None:
+        """Record a write error; the first one is reported once, as a warning."""
+        with self._cond:
+            first = not self.errors
+            self.errors.append(exc)
+        if first:
+            warnings.warn(f"opdump: writing the dump failed, dumping stops, training goes on: {exc}",
+                          RuntimeWarning, stacklevel=2)
+
     def _run(self, fn: Callable[[], Any], nbytes: int) -> Any:
         try:
+            if self.errors:
+                return None                      # dumping stopped: queued work is dropped
             return fn()
         except BaseException as exc:  # noqa: BLE001 - reported, never swallowed silently
-            with self._cond:
-                first = not self.errors
-                self.errors.append(exc)
-            if first:
-                warnings.warn(f"opdump: writing the dump failed, dumping stops, training goes on: {exc!r}",
-                              RuntimeWarning, stacklevel=1)
-            raise
+            self.fail(exc)
+            return None
         finally:
             if nbytes:
                 self.release(nbytes)
@@ -115,9 +145,23 @@ class BackgroundWriter:
 
     def flush(self) -> None:
         """Wait for every job queued so far."""
+        self.wait(self.mark())
+
+    def mark(self) -> List[cf.Future]:
+        """The jobs queued so far (to :meth:`wait` for later)."""
         with self._cond:
-            pending = list(self._pending)
-        cf.wait(pending)
+            return list(self._pending)
+
+    @staticmethod
+    def wait(jobs: List[cf.Future]) -> None:
+        """Wait until every job of a :meth:`mark` has run."""
+        if jobs:
+            cf.wait(jobs)
+
+    def abandon(self) -> None:
+        """In a forked child: the threads did not survive the fork; never queue or wait again."""
+        self._closed = True
+        self._pending = set()
 
     def close(self) -> List[BaseException]:
         if not self._closed:

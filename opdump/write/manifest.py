@@ -1,0 +1,96 @@
+"""``.dump_metadata/manifest.json``: the dump's own account of itself, kept true.
+
+The manifest says whether the run finished cleanly (``complete``), which iterations
+dumped, up to which iteration every file is on disk (``on_disk_through``), what was
+written (``files_written``, ``bytes_written``, ``rows_written``: counted as files are
+renamed into place and rows appended) and the write errors met.  The session updates
+it at the end of every iteration that dumped, so a killed run leaves a manifest that
+is still right about what it claims.
+
+Why it is updated in place: on a full disk, a new temporary copy could not be
+written, and the manifest must still record the error that stopped the dump.  The
+file is created whole (temporary + rename) at its full reserved size of one page
+(JSON, then spaces); every update rewrites that page with one ``pwrite`` at offset
+0, which needs no new disk blocks and cannot be torn by a kill (the kernel copies a
+single page at once).  A document larger than the page (never in practice: lists
+are bounded) is written whole instead.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+from typing import TYPE_CHECKING, Any, Dict, Optional
+
+from .atomic import _tmp_name
+
+if TYPE_CHECKING:
+    from .safe_fs import DumpTree
+
+PAGE = 4096
+_OPEN_FLAGS = os.O_WRONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+def encode(doc: Dict[str, Any], size: int = PAGE) -> bytes:
+    """The manifest's bytes: JSON padded with spaces to ``size`` (a JSON reader ignores them)."""
+    data = json.dumps(doc, indent=1).encode("utf-8")
+    return data + b" " * max(0, size - len(data) - 1) + b"\n"
+
+
+class Manifest:
+    def __init__(self, tree: "DumpTree", path: str):
+        self.tree = tree
+        self.path = path
+        self._fd: Optional[int] = None
+        self._lock = threading.Lock()
+
+    def write(self, doc: Dict[str, Any]) -> None:
+        """Record ``doc`` (raises OSError; the caller reports it)."""
+        data = encode(doc)
+        with self._lock:
+            if self._fd is not None and len(data) == PAGE:
+                os.pwrite(self._fd, data, 0)
+                return
+            self._close_fd()
+            self.tree.write_file(self.path, lambda fd: _write_all(fd, data), _tmp_name)
+            if len(data) == PAGE:
+                with self.tree.parent(self.path) as (dfd, name):
+                    self._fd = os.open(name, _OPEN_FLAGS, dir_fd=dfd)
+
+    def close(self) -> None:
+        with self._lock:
+            self._close_fd()
+
+    def forget_in_child(self) -> None:
+        self._close_fd()
+
+    def _close_fd(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def iteration_ranges(iterations) -> str:
+    """``[0, 1, 2, 5]`` → ``"0-2|5"`` (the config's ``iteration`` syntax; bounded size)."""
+    out = []
+    its = sorted(iterations)
+    i = 0
+    while i < len(its):
+        j = i
+        while j + 1 < len(its) and its[j + 1] == its[j] + 1:
+            j += 1
+        out.append(str(its[i]) if i == j else f"{its[i]}-{its[j]}")
+        i = j + 1
+    text = "|".join(out)
+    if len(text) > 1024:                    # thousands of scattered iterations: keep the page
+        text = text[:1000].rsplit("|", 1)[0] + "|…"
+    return text
