@@ -12,12 +12,10 @@ if ! .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+
   .venv/bin/python -m pip install -q "torch==2.13.0"
 fi
 .venv/bin/python -m pip install -q -e ".[test]"
-# opdump's native module (opdump/stats/cpu_kernel.cpp: the one-pass CPU statistics kernel;
-# stats_memo.cpp: its reuse for memory already read; row_sink.cpp: statistic.csv rows of
-# CPU tensors; cell_text.cpp: statistic.csv cell text), compiled once per machine into
-# ~/.cache/torch_extensions; without a compiler opdump warns and uses torch and Python.
-.venv/bin/python - <<'PY'
-from opdump.stats import cpu_kernel
-if cpu_kernel.enabled_by_environment() and cpu_kernel.load() is None:
-    print("opdump: the native module was not built (see the warning above); torch reductions and Python will be used")
-PY
+# opdump's native module (opdump/stats/native.py: the one-pass CPU statistics kernel, its memo,
+# statistic.csv rows and cell text), compiled now into .venv/lib/opdump-native/ under a name
+# carrying a digest of its sources, torch version and CPU kind, so that no run builds it or
+# waits for a lock; without a compiler opdump warns and uses torch and Python.
+if [ "${OPDUMP_CPU_KERNEL:-1}" != "0" ]; then
+  .venv/bin/python -m opdump.stats.build_native build || true
+fi

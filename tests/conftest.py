@@ -9,10 +9,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 
 def pytest_sessionstart(session):
-    """Build the CPU statistics kernel once, before any test starts a subprocess that needs it
+    """Build opdump's native module once, before any test starts a subprocess that needs it
     (a no-op when scripts/setup.sh already built it)."""
-    from opdump.stats import cpu_kernel
-    cpu_kernel.load()
+    from opdump.stats import native
+    native.module()
 
 
 @pytest.fixture(autouse=True)

@@ -11,13 +11,13 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from opdump.stats import cpu_kernel
+from opdump.stats import native as native_module
 from opdump.stats.categories import lookup
 from opdump.stats.device import DeviceStatsBatch
 from opdump.stats.engine import DeviceCells
 from opdump.stats.formatting import cell_formatter, native_codes, native_precision
 
-pytestmark = pytest.mark.skipif(not cpu_kernel.enabled_by_environment(),
+pytestmark = pytest.mark.skipif(not native_module.enabled_by_environment(),
                                 reason="OPDUMP_CPU_KERNEL=0: the native module is switched off on purpose")
 
 ELEMENT_CODES = ([0], [-1])       # one "max"-like element column, not from a fused tuple
@@ -26,7 +26,7 @@ NUMPY_2 = int(np.__version__.split(".")[0]) >= 2
 
 @pytest.fixture(scope="module")
 def native():
-    fn = cpu_kernel.cell_formatter()
+    fn = native_module.cell_formatter()
     assert fn is not None, "g++ and ninja are on this machine: the native module must build"
     return fn
 

@@ -159,7 +159,7 @@ BAD = [
     (E, "device_stat_precision_mode", "medium", 'must be "high" or "low"'),
     (E, "sample_mode", 2, "must be an integer 0 or 1"),
     (E, "sample_num", 0, "must be an integer >= 1"),
-    (O, "writer_queue_mb", 0, "must be an integer >= 1"),
+    (O, "writer_queue_mb", 0, "must be an integer from 1 to 1048576"),
     (O, "writer_threads", 17, "must be an integer from 1 to 16"),
     (O, "eager_capture", "everything", 'must be "model" or "all"'),
 ]

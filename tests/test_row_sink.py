@@ -6,10 +6,10 @@ import torch
 
 import opdump
 from opdump.capture.op_info import OpInfo
-from opdump.stats import cpu_kernel
+from opdump.stats import native
 from conftest import write_config
 
-pytestmark = pytest.mark.skipif(cpu_kernel.load_module() is None,
+pytestmark = pytest.mark.skipif(native.module() is None,
                                 reason="the native module could not be built here (a warning says why)")
 
 STATS = ["max", "min", "avg", "l2norm", "count"]

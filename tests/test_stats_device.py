@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
-from opdump.stats import CATEGORIES, DeviceStatsBatch, cpu_kernel, lookup
+from opdump.stats import CATEGORIES, DeviceStatsBatch, lookup, native
 from opdump.stats.formatting import format_cell
 from opdump.stats.host import reduce_tensor
 
@@ -19,7 +19,7 @@ HIGH_REL = {"cpu": 1e-12, "cuda": 1e-5}
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 #: tests of the one-pass CPU kernel itself (with OPDUMP_CPU_KERNEL=0 the suite runs the torch path only)
-needs_kernel = pytest.mark.skipif(not cpu_kernel.enabled_by_environment(),
+needs_kernel = pytest.mark.skipif(not native.enabled_by_environment(),
                                   reason="OPDUMP_CPU_KERNEL=0: the CPU kernel is switched off on purpose")
 
 TENSORS = {
@@ -140,7 +140,7 @@ def test_no_host_transfer_per_tensor(monkeypatch):
 @needs_kernel
 def test_cpu_kernel_is_built_and_used_here():
     """This machine has g++ and ninja: the suite must exercise the kernel, not only the fallback."""
-    fn = cpu_kernel.load()
+    fn = native.fused_stats()
     assert fn is not None
     x = torch.tensor([[1.0, -3.0], [float("inf"), 2.0]])
     assert fn(x) == (float("inf"), -3.0, float("inf"), float("inf"))

@@ -6,12 +6,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from opdump.stats import cpu_kernel
+from opdump.stats import native
 
-memo_or_none = cpu_kernel.stats_memo()
+memo_or_none = native.new_stats_memo()
 pytestmark = pytest.mark.skipif(memo_or_none is None, reason="the native module could not be built here "
                                                               "(no C++ compiler, or OPDUMP_CPU_KERNEL=0)")
-fused = cpu_kernel.load()
+fused = native.fused_stats()
 
 
 def kernel_values(t):
@@ -21,7 +21,7 @@ def kernel_values(t):
 
 
 def fresh():
-    return cpu_kernel.stats_memo()
+    return native.new_stats_memo()
 
 
 def test_values_are_the_kernels_for_dense_and_gapped_tensors():

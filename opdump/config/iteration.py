@@ -3,7 +3,7 @@
 One grammar serves MindSpore ``iteration``, ACL ``dump_step`` and the options
 object's ``dump_step``, so every dialect accepts and rejects the same strings.
 Tokens are separated by ``|``; each is ``N`` or an inclusive range ``A-B`` of
-non-negative 0-based integers; whitespace around tokens (and around the dash of
+non-negative 0-based integers up to :data:`MAX_ITERATION`; whitespace around tokens (and around the dash of
 a range) is allowed.  Overlapping or adjacent ranges are merged, so two spellings
 of the same set give equal specs and ``str(spec)`` parses back to ``spec``.
 """
@@ -18,6 +18,8 @@ from .model import IterationSpec
 ALLOWED_TEXT = "digits, '-', '|', spaces, or the word all"
 _ALLOWED_CHARS = re.compile(r"[0-9|\- \t]*")
 _NUMBER = re.compile(r"[0-9]+")
+#: the largest iteration number (int64, as MindSpore's)
+MAX_ITERATION = 2 ** 63 - 1
 
 
 def parse_iteration(text: object, field: str = "iteration") -> IterationSpec:
@@ -52,6 +54,9 @@ def _parse_token(token: str, text: str, field: str, several: bool) -> Tuple[int,
         if not _NUMBER.fullmatch(part):
             what = "a range needs numbers on both sides of '-'" if len(parts) == 2 else "expected a number"
             raise ConfigError(field, text, f"{what}{where}")
+    for part in parts:
+        if len(part.lstrip("0")) > len(str(MAX_ITERATION)) or int(part) > MAX_ITERATION:
+            raise ConfigError(field, text, f"iteration numbers go up to {MAX_ITERATION} (int64){where}")
     lo, hi = int(parts[0]), int(parts[-1])
     if lo > hi:
         raise ConfigError(field, text, f"range start {lo} is after end {hi}{where}")

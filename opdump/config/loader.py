@@ -3,7 +3,9 @@
 ``load_config`` reads the file once and keeps its bytes (the writer copies them
 byte-identical to ``.dump_metadata/data_dump.json``); ``load_config_dict`` does
 the dialect detection and validation for an already-parsed object.  Every
-failure is one :class:`ConfigError` naming the file.
+failure is one :class:`ConfigError` naming the file — hostile input included: nesting
+deeper than :data:`MAX_DEPTH`, numbers past Python's digit limit, bytes that are not
+UTF-8 (tested by tests/test_config_fuzz.py with random JSON and mutated configs).
 """
 from __future__ import annotations
 
@@ -21,6 +23,9 @@ from .options import DumpOptions, from_options
 __all__ = ["load_config", "load_config_dict", "from_options", "DumpOptions", "CONFIG_ENV"]
 
 CONFIG_ENV = ("OPDUMP_CONFIG", "MINDSPORE_DUMP_CONFIG")
+#: how deep a config file's arrays/objects may nest (opdump's own need 3 levels)
+MAX_DEPTH = 32
+INT64 = 2 ** 63
 SHAPES = ('a MindSpore config {"common_dump_settings": {...}, "e2e_dump_settings": {...}} '
           'or an ACL/torchair config {"dump": {...}}')
 
@@ -50,6 +55,7 @@ def load_config_dict(data: Any, *, file: Optional[str] = None,
     """Validate an already-parsed config object of either JSON dialect."""
     env = os.environ if env is None else env
     try:
+        _check_bounds(data)
         config = _dispatch(data, env)
     except ConfigError as err:
         raise err.with_file(file) from None
@@ -71,12 +77,38 @@ def _parse_json(raw: bytes, file: str) -> Any:
         raise ConfigError("(file)", f"<byte {exc.start}>", "is not UTF-8 text; a config is a UTF-8 JSON file",
                           file) from None
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicate_keys)
+        data = json.loads(text, object_pairs_hook=_no_duplicate_keys)
     except json.JSONDecodeError as exc:
         raise ConfigError("(json)", f"<line {exc.lineno}, column {exc.colno}>", f"invalid JSON: {exc.msg}",
                           file) from None
     except ConfigError as err:                 # a duplicate key
         raise err.with_file(file) from None
+    except RecursionError:
+        raise ConfigError("(json)", "<nesting>", f"is nested too deeply; a config is at most {MAX_DEPTH} levels "
+                          "deep", file) from None
+    except ValueError as exc:                  # e.g. a number past Python's 4300-digit conversion limit
+        raise ConfigError("(json)", "<a number>", f"cannot be read ({exc}); config numbers are small integers",
+                          file) from None
+    return data
+
+
+def _check_bounds(data: Any) -> None:
+    """No array/object nested deeper than :data:`MAX_DEPTH`, no integer beyond int64, anywhere:
+    checked iteratively before any validator (whose messages show values) sees them."""
+    stack = [(data, "(top level)", 1)]
+    while stack:
+        value, field, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            if depth > MAX_DEPTH:
+                raise ConfigError(field, "<nesting>", f"is nested too deeply; a config is at most {MAX_DEPTH} "
+                                  "levels deep")
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, item in items:
+                name = (f"{field}[{key}]" if isinstance(value, list) else
+                        str(key) if field == "(top level)" else f"{field}.{key}")
+                stack.append((item, name, depth + 1))
+        elif isinstance(value, int) and not isinstance(value, bool) and not -INT64 <= value < INT64:
+            raise ConfigError(field, value, f"is beyond any config number (int64: at most {INT64 - 1})")
 
 
 def _no_duplicate_keys(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
@@ -102,5 +134,6 @@ def _dispatch(data: Any, env: Mapping[str, str]) -> DumpConfig:
     for key, value in data.items():
         if v.suggest(key, known).startswith("unknown field; did you mean"):
             raise ConfigError(key, value, v.suggest(key, known))
-    shown = "{}" if not data else "{" + ", ".join(f'"{k}": ...' for k in data) + "}"
+    keys = [json.dumps(k) for k in list(data)[:8]] + (["..."] if len(data) > 8 else [])
+    shown = "{}" if not data else "{" + ", ".join(f"{k}: ..." for k in keys) + "}"
     raise ConfigError("(top level)", f"<{shown}>", f"unrecognised config; expected {SHAPES}")

@@ -19,6 +19,9 @@ from .model import ALL_STATISTICS
 
 Converter = Callable[[Any, str], Any]
 
+#: the largest integer a config field takes (int64, as MindSpore's parser)
+INT64_MAX = 2 ** 63 - 1
+
 #: opdump's statistics beyond MindSpore's (max/min over the finite elements only).
 EXTRA_STATISTICS = ("finite max", "finite min")
 VALID_STATISTICS = ALL_STATISTICS + EXTRA_STATISTICS
@@ -87,7 +90,8 @@ def integer(choices: Optional[Sequence[int]] = None, lo: Optional[int] = None, h
     if choices is not None:
         allowed = f"must be an integer {quoted(choices)}"
     elif hi is None:
-        allowed = f"must be an integer >= {lo}"
+        hi = INT64_MAX          # every count opdump keeps is an int64 (as MindSpore's)
+        allowed = f"must be an integer >= {lo} (at most {INT64_MAX})"
     else:
         allowed = f"must be an integer from {lo} to {hi}"
 

@@ -16,6 +16,8 @@
 // * integers exactly (Python's str(int(v)) for anything else than a small int).
 #include <torch/extension.h>
 
+#include "contract.h"
+
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -26,10 +28,8 @@
 
 namespace {
 
-// Codes shared with formatting.py (its _NATIVE_* tables).
-enum Kind { kElement = 0, kComputed = 1, kCount = 2, kText = 3 };
-enum Precision { kInteger = 0, kHalf = 1, kSingle = 2, kDouble = 3 };
-enum Fused { kMax = 0, kMin = 1, kAvg = 2, kL2 = 3, kNumel = 4 };
+// Codes shared with Python: contract.h (checked at load by opdump/stats/native.py).
+using namespace opdump::contract;
 
 // "d.ddd" digits (no dot) and the decimal exponent of the first digit.
 struct Decimal {
@@ -214,7 +214,7 @@ void cell(std::string& out, PyObject* obj, int kind, int precision) {
 
 // Per entry, its cells joined by ",".  An entry is a list of values in category order,
 // or the CPU kernel's tuple (max, min, sum, sum of squares, numel), whose values the
-// ``fused`` codes pick (avg = sum / numel, l2norm = sqrt(sum of squares), as _FUSED does).
+// ``fused`` codes pick (avg = sum / numel, l2norm = sqrt(sum of squares), as device.py's _FUSED does).
 std::vector<std::string> format_cells(const pybind11::list& entries, const std::vector<int>& precisions,
                                       const std::vector<int>& kinds, const std::vector<int>& fused) {
   const size_t n = static_cast<size_t>(PyList_GET_SIZE(entries.ptr()));
@@ -227,7 +227,7 @@ std::vector<std::string> format_cells(const pybind11::list& entries, const std::
     std::string& s = out[i];
     s.reserve(16 * ncat);
     const bool is_fused = PyTuple_Check(e);
-    if (is_fused && PyTuple_GET_SIZE(e) != 5) throw std::invalid_argument("format_cells: a fused entry has 5 values");
+    if (is_fused && PyTuple_GET_SIZE(e) != kFusedFields) throw std::invalid_argument("format_cells: a fused entry has 5 values");
     if (!is_fused && (!PyList_Check(e) || static_cast<size_t>(PyList_GET_SIZE(e)) != ncat))
       throw std::invalid_argument("format_cells: an entry is a list of one value per category");
     for (size_t c = 0; c < ncat; ++c) {
@@ -236,13 +236,13 @@ std::vector<std::string> format_cells(const pybind11::list& entries, const std::
         cell(s, PyList_GET_ITEM(e, c), kinds[c], precisions[i]);
         continue;
       }
-      PyObject* numel = PyTuple_GET_ITEM(e, 4);
+      PyObject* numel = PyTuple_GET_ITEM(e, kFieldNumel);
       switch (fused[c]) {
-        case kMax: cell(s, PyTuple_GET_ITEM(e, 0), kinds[c], precisions[i]); break;
-        case kMin: cell(s, PyTuple_GET_ITEM(e, 1), kinds[c], precisions[i]); break;
-        case kAvg: repr_double(s, as_double(PyTuple_GET_ITEM(e, 2)) / as_double(numel)); break;
-        case kL2: repr_double(s, std::sqrt(as_double(PyTuple_GET_ITEM(e, 3)))); break;
-        case kNumel: integer(s, numel); break;
+        case kCatMax: cell(s, PyTuple_GET_ITEM(e, kFieldMax), kinds[c], precisions[i]); break;
+        case kCatMin: cell(s, PyTuple_GET_ITEM(e, kFieldMin), kinds[c], precisions[i]); break;
+        case kCatAvg: repr_double(s, as_double(PyTuple_GET_ITEM(e, kFieldSum)) / as_double(numel)); break;
+        case kCatL2: repr_double(s, std::sqrt(as_double(PyTuple_GET_ITEM(e, kFieldSumSq)))); break;
+        case kCatCount: integer(s, numel); break;
         default: throw std::invalid_argument("format_cells: a category the CPU kernel does not give");
       }
     }

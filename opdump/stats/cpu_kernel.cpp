@@ -5,7 +5,7 @@
 // 2x slower than a plain sum; this loop reads every element once, in memory
 // order, and does all four in SIMD lanes (gcc vectorises the lane loop).
 //
-// Guarantees (tested against numpy in tests/test_cpu_kernel.py):
+// Guarantees (tested against numpy in tests/test_stats_device.py and tests/test_stats_memo.py):
 // * max/min are elements of the tensor, exact; NaN if any element is NaN;
 // * sum/sumsq of tensors below 16384 elements accumulate in float64; larger
 //   ones in float32 lanes over blocks of 1024 elements and in float64 across
@@ -205,8 +205,9 @@ pybind11::object int_stats(const at::Tensor& x, const void* data, int64_t n) {
 
 }  // namespace
 
-// (max, min, sum, sum of squares): Python floats for float tensors, max/min as Python
-// ints for integer and bool tensors; or None (see the header).  Also used by stats_memo.cpp.
+// (max, min, sum, sum of squares) — contract.h's first four fused fields: Python floats for
+// float tensors, max/min as Python ints for integer and bool tensors; or None (see the
+// header).  Exported by native_module.cpp; also used by stats_memo.cpp.
 pybind11::object fused_stats(const at::Tensor& x) {
   if (!x.defined() || !x.device().is_cpu() || x.layout() != at::kStrided || x.numel() == 0 ||
       x.is_neg() || x.is_conj() || !x.is_non_overlapping_and_dense()) {
@@ -238,17 +239,4 @@ pybind11::object fused_stats(const at::Tensor& x) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   return pybind11::make_tuple(a.nan ? nan : static_cast<double>(a.max),
                               a.nan ? nan : static_cast<double>(a.min), a.sum, a.sumsq);
-}
-
-// cell_text.cpp, stats_memo.cpp and row_sink.cpp, built into the same module
-std::vector<std::string> format_cells(const pybind11::list& entries, const std::vector<int>& precisions,
-                                      const std::vector<int>& kinds, const std::vector<int>& fused);
-void register_stats_memo(pybind11::module& m);
-void register_row_sink(pybind11::module& m);
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("fused_stats", &fused_stats, "max, min, sum, sum of squares of a dense CPU float tensor");
-  m.def("format_cells", &format_cells, "statistic.csv cells of each entry, joined by ','");
-  register_stats_memo(m);
-  register_row_sink(m);
 }

@@ -19,7 +19,7 @@ transfer buffer), so element values and float32 results are exact.
 
 * ``"high"``: ``avg`` and ``l2norm`` accumulate in float32 on CUDA (float64 for
   float64 tensors); on CPU, large float tensors in float32 rows combined in
-  float64 (see :func:`_blocks`), small ones in float64; integer tensors in
+  float64 (see :func:`.reductions._blocks`), small ones in float64; integer tensors in
   float64; bool tensors as an exact integer count.  torch reads float16/bfloat16
   and upcasts on the fly on CUDA (no copy); on CPU they are upcast to float32
   once.  Even in float32, a float32 tensor whose l2norm exceeds ~1.8e19 (sum of
@@ -34,7 +34,7 @@ On CPU, ``"high"`` precision, float32/bfloat16/float16, integer and bool tensors
 whose elements fill one block of memory (contiguous, transposed, permuted,
 channels-last; and those with gaps up to ``_COPY_LIMIT``, after one copy) get ``max``,
 ``min``, ``avg``, ``l2norm`` and ``count`` from one read by a C++ loop, looked up and read
-in one native call (:mod:`.cpu_kernel`; same accumulation rules as above: float64
+in one native call (:mod:`.native`; same accumulation rules as above: float64
 below 16384 elements, float32 blocks combined in float64 above; integers and bools
 in float64, their max/min exact); their values are known at once, with nothing to
 gather.  Other categories, dtypes, layouts and devices use
@@ -43,6 +43,10 @@ the torch reductions below.
 Every statistic is invariant under a reordering of the elements, so tensors are
 reduced in memory order (:func:`memory_order`), and a tensor reading exactly the
 memory of one already added to the batch reuses its values (:meth:`DeviceStatsBatch.add`).
+
+Stages: :mod:`.memory` (which memory a tensor reads, reuse keys), :mod:`.reductions`
+(the torch kernels per category), this module (the batch: launch, reuse, one gather
+per device), :mod:`.native` (the CPU kernel, memo and row sink, when built).
 
 In both modes ``max``/``min`` and the counts are exact (computed in the
 tensor's dtype), NaN/Inf propagate as in host mode (see :mod:`opdump.stats.host`).
@@ -64,234 +68,21 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
-from . import cpu_kernel as _cpu_kernel
-from .host import _FLOAT8, supported_dtype
-
-PRECISIONS = ("high", "low")
-
-
-# Non-dense tensors up to this size are copied to contiguous memory before being
-# reduced: a strided CPU reduction is up to 30x slower than a memcpy + a contiguous one.
-_COPY_LIMIT = 32 << 20
+from . import native
+from .contract import F_MAX, F_MIN, F_NUMEL, F_SUM, F_SUMSQ
+from .host import supported_dtype
+from .memory import gathered as _gathered, memory_key as _memory_key, memory_order, tensor_version  # noqa: F401
+from .reductions import (PRECISIONS, Ctx,  # noqa: F401  (the d_* names: categories' device functions)
+                         d_avg, d_count, d_finite_max, d_finite_min, d_l2norm, d_max, d_min, d_nan_count,
+                         d_neg_inf_count, d_negative_count, d_pos_inf_count, d_positive_count, d_zero_count)
 
 
-def _dense_view(t: torch.Tensor) -> Optional[torch.Tensor]:
-    """``t`` with its elements in memory order if they fill one block of memory: ``t``
-    itself when contiguous, else the permutation of its dimensions that is contiguous (a
-    view, no copy); None for a tensor with gaps or overlaps (slices, expands)."""
-    if t.is_contiguous():
-        return t
-    if t.dim() < 2:
-        return None
-    order = sorted(range(t.dim()), key=lambda d: (t.stride(d), t.shape[d]), reverse=True)
-    p = t.permute(order)
-    return p if p.is_contiguous() else None
-
-
-def _gathered(t: torch.Tensor) -> torch.Tensor:
-    """A tensor with gaps or overlaps, copied to contiguous memory when at most
-    ``_COPY_LIMIT`` bytes (a strided CPU reduction is up to 30x slower than a memcpy + a
-    contiguous one), else ``t`` itself (read as it is)."""
-    return t.contiguous() if t.numel() * t.element_size() <= _COPY_LIMIT else t
-
-
-def memory_order(t: torch.Tensor) -> torch.Tensor:
-    """``t`` with its elements in memory order: the same multiset, read contiguously.
-
-    Every statistic here (max, min, sums, counts) is invariant under a permutation of
-    the elements, so a transposed or permuted tensor is reduced through a permutation
-    of its dimensions that is contiguous — a view, no copy.  (A strided reduction of
-    ``w.t()`` on CPU is ~30x slower than of ``w``.)  Tensors with gaps or overlaps
-    are copied when smaller than ``_COPY_LIMIT`` and otherwise read as they are.
-    """
-    dense = _dense_view(t)
-    return dense if dense is not None else _gathered(t)
-
-
-def _memory_key(t: torch.Tensor):
-    """(``t`` in memory order if dense, else None; the key of the memory it reads): tensors
-    with equal keys read the same elements, so they have the same statistics.  Nothing is
-    copied: a tensor with gaps is gathered only if its key is new (see :func:`_gathered`)."""
-    dense = _dense_view(t)
-    if dense is not None:
-        return dense, (t.device, t.data_ptr(), t.numel(), t.dtype, t.is_neg())
-    # gaps or overlaps: the same elements only through the very same strides
-    return None, (t.device, t.data_ptr(), t.dtype, t.is_neg(), t.shape, t.stride())
-
-
-def tensor_version(tensor: torch.Tensor) -> int:
-    """The tensor's version counter (shared by all views of one base); -1 for inference
-    tensors, which have none (so an in-place update of them could not be detected)."""
-    try:
-        return tensor._version
-    except RuntimeError:            # "Inference tensors do not track version counter"
-        return -1
-
-
-class _Ctx:
-    """Per-tensor launch context: the working view and shared intermediates."""
-
-    __slots__ = ("x", "is_float", "is_bool", "precision", "cpu", "_minmax")
-
-    def __init__(self, t: torch.Tensor, precision: str):
-        """``t``: the tensor in memory order (see :func:`memory_order`)."""
-        self.is_bool = t.dtype is torch.bool
-        if self.is_bool:
-            t = t.view(torch.uint8)
-        elif t.dtype in _FLOAT8:
-            t = t.to(torch.float32)
-        elif t.dtype in (torch.uint16, torch.uint32):
-            t = t.to(torch.int64)       # torch has no min/max/compare kernels for them
-        elif t.dtype is torch.uint64:
-            t = t.to(torch.float64)
-        self.cpu = t.device.type == "cpu"
-        if self.cpu and precision == "high" and t.dtype in (torch.float16, torch.bfloat16):
-            t = t.float()    # exact; CPU reductions of half types are ~10x slower than of float32
-        self.x = t
-        self.is_float = t.dtype.is_floating_point
-        self.precision = precision
-        self._minmax = None
-
-    def minmax(self):
-        if self._minmax is None:
-            self._minmax = torch.aminmax(self.x)
-        return self._minmax
-
-    def acc_dtype(self) -> Optional[torch.dtype]:
-        """Accumulation dtype for avg/l2norm; None: the tensor's own dtype."""
-        x = self.x
-        if not self.is_float:
-            return torch.float64 if self.precision == "high" else torch.float32
-        if self.precision == "low":
-            return None
-        if x.dtype == torch.float64 or self.cpu:
-            return torch.float64
-        return torch.float32
-
-
-# Each device function returns a 0-dim tensor on the device (a slot), a Python
-# number known without any kernel (count, the NaN count of an int tensor…).
-def d_max(c: _Ctx):
-    return c.minmax()[1]
-
-
-def d_min(c: _Ctx):
-    return c.minmax()[0]
-
-
-def _finite(c: _Ctx, largest: bool):
-    if not c.is_float:
-        return c.minmax()[1 if largest else 0]
-    fill = float("-inf") if largest else float("inf")
-    masked = torch.nan_to_num(c.x, nan=fill, posinf=fill, neginf=fill)
-    return masked.amax() if largest else masked.amin()
-
-
-def d_finite_max(c: _Ctx):
-    return _finite(c, True)
-
-
-def d_finite_min(c: _Ctx):
-    return _finite(c, False)
-
-
-_ROW_LENGTHS = (4096, 2048, 1024)
-
-
-def _blocks(c: _Ctx):
-    """(rows, tail) of a large CPU float tensor below float64, else None; tail may be None.
-
-    On CPU "high" precision means float64 accumulation; asking torch for a float64
-    reduction of a float32 tensor materialises a float64 copy of it (a full extra
-    pass and 2x its memory).  Instead, rows of 1024–4096 elements (a length that
-    divides the tensor when one does, so there is no tail) are reduced in float32
-    (relative error ~1e-7 per row) and the row results combined in float64, which
-    keeps the total within ~1e-6 relative (typically 1e-9) of a float64 reduction at
-    the cost of one pass.
-    """
-    x = c.x
-    n = x.numel()
-    if (not c.cpu or not c.is_float or x.dtype == torch.float64 or c.precision != "high"
-            or n < 4 * _ROW_LENGTHS[0]):
-        return None
-    if not x.is_contiguous():
-        # no reshape (it would copy): rows along the last dimension, read in place
-        return (x, None) if x.dim() >= 2 and x.shape[-1] >= 64 else None
-    flat = x.view(-1)
-    for length in _ROW_LENGTHS:
-        if n % length == 0:
-            return flat.view(-1, length), None
-    m = n // _ROW_LENGTHS[0] * _ROW_LENGTHS[0]
-    return flat[:m].view(-1, _ROW_LENGTHS[0]), flat[m:]
-
-
-def _with_tail(per_row: torch.Tensor, tail: Optional[torch.Tensor]) -> torch.Tensor:
-    return per_row if tail is None else torch.cat([per_row.reshape(-1), tail])
-
-
-def _true_count(c: _Ctx) -> torch.Tensor:
-    """A bool tensor's sum (= its sum of squares), exact, without a float copy of it."""
-    return c.x.sum(dtype=torch.int64).to(torch.float64)
-
-
-def d_avg(c: _Ctx):
-    if c.is_bool:
-        return _true_count(c) / c.x.numel()
-    parts = _blocks(c)
-    if parts is not None:
-        rows, tail = parts
-        sums = rows.sum(dim=-1, dtype=torch.float32)
-        return _with_tail(sums, tail).sum(dtype=torch.float64) / c.x.numel()
-    acc = c.acc_dtype()
-    return c.x.mean() if acc is None else c.x.mean(dtype=acc)
-
-
-def d_l2norm(c: _Ctx):
-    if c.is_bool:
-        return _true_count(c).sqrt()
-    parts = _blocks(c)
-    if parts is not None:
-        # sqrt(sum of squared row norms + sum of squared tail elements), in float64
-        rows, tail = parts
-        per_row = torch.linalg.vector_norm(rows, dim=-1, dtype=torch.float32)
-        return torch.linalg.vector_norm(_with_tail(per_row, tail), dtype=torch.float64)
-    acc = c.acc_dtype()
-    if acc is None:
-        return torch.linalg.vector_norm(c.x)
-    if not c.is_float:
-        return torch.linalg.vector_norm(c.x.to(acc))
-    return torch.linalg.vector_norm(c.x, dtype=acc)
-
-
-def d_count(c: _Ctx):
-    return c.x.numel()
-
-
-def _d_count_where(op, value, floats_only=False):
-    def fn(c: _Ctx):
-        if floats_only and not c.is_float:
-            return 0
-        return op(c.x, value).sum()
-    return fn
-
-
-def d_nan_count(c: _Ctx):
-    return torch.isnan(c.x).sum() if c.is_float else 0
-
-
-d_negative_count = _d_count_where(torch.lt, 0)
-d_positive_count = _d_count_where(torch.gt, 0)
-d_zero_count = _d_count_where(torch.eq, 0)
-d_neg_inf_count = _d_count_where(torch.eq, float("-inf"), floats_only=True)
-d_pos_inf_count = _d_count_where(torch.eq, float("inf"), floats_only=True)
-
-
-# What the one-pass CPU kernel (:mod:`.cpu_kernel`) gives, from its (max, min, sum, sum of squares).
+# What the one-pass CPU kernel (:mod:`.native`) gives, from a fused entry (contract.FUSED_FIELDS).
 _FUSED = {
-    "max": lambda f, n: f[0],
-    "min": lambda f, n: f[1],
-    "avg": lambda f, n: f[2] / n,
-    "l2norm": lambda f, n: math.sqrt(f[3]),
+    "max": lambda f, n: f[F_MAX],
+    "min": lambda f, n: f[F_MIN],
+    "avg": lambda f, n: f[F_SUM] / n,
+    "l2norm": lambda f, n: math.sqrt(f[F_SUMSQ]),
     "count": lambda f, n: n,
 }
 _FUSED_DTYPES = frozenset((torch.float32, torch.bfloat16, torch.float16, torch.bool, torch.uint8, torch.int8,
@@ -317,7 +108,7 @@ class DeviceStatsBatch:
 
     ``categories``: the device-capable categories to compute, in the order
     :meth:`collect` returns them.  ``cpu_kernel``: let the one-pass CPU kernel
-    (:mod:`.cpu_kernel`) give max/min/avg/l2norm/count of CPU float, integer and
+    (:mod:`.native`) give max/min/avg/l2norm/count of CPU float, integer and
     bool tensors (False: torch reductions only, as on other devices).
     """
 
@@ -345,7 +136,7 @@ class DeviceStatsBatch:
         self._all_fused = bool(cats) and all(self._fused_getters)     # no torch kernel at all
         self._kernel = _UNRESOLVED
         self._memo = None          # the native StatsMemo, with the kernel (see _resolve_kernel)
-        self._sink = None          # the native RowSink over the memo (see row_sink)
+        self._sink = None          # the RowRecorder over the native memo (see row_sink)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -358,7 +149,7 @@ class DeviceStatsBatch:
         gets that tensor's index: its statistics are the same, and nothing is launched.
         Reuse needs the earlier tensor alive (so its memory cannot have been reused)
         and the shared version counter unchanged (no in-place write since).  CPU tensors
-        the kernel reads are looked up and read in one native call (:func:`.cpu_kernel.stats_memo`,
+        the kernel reads are looked up and read in one native call (:func:`.native.new_stats_memo`,
         same rules); the others here.
         """
         index = len(self._entries)
@@ -369,7 +160,7 @@ class DeviceStatsBatch:
             kernel = self._resolve_kernel()
         memo = self._memo
         if memo is not None and dtype in _FUSED_DTYPES and t.is_cpu:
-            fused = memo.stats(t, index)    # (max, min, sum, sum of squares, numel), or an earlier index
+            fused = memo.stats(t, index)    # a fused entry (contract.FUSED_FIELDS), or an earlier index
             if type(fused) is int:
                 return fused
             if fused is not None:       # kept as the kernel gave it; values are derived when read
@@ -396,14 +187,14 @@ class DeviceStatsBatch:
         if kernel is not None and dev.type == "cpu" and dtype in _FUSED_DTYPES:
             fused = kernel(ordered)
             if fused is not None and self._all_fused:
-                return self._known(fused + (n,), dtype)
+                return self._known(fused + (n,), dtype)     # + numel: a fused entry
         if t.requires_grad:
             t, ordered = t.detach(), ordered.detach()       # detach costs ~5 us; needed only then
         floats = self._floats.setdefault(dev, [])
         ints = self._ints.setdefault(dev, [])
         f0, i0 = len(floats), len(ints)
         plan = []
-        ctx = _Ctx(ordered, self.precision)     # detached: no autograd graph is recorded
+        ctx = Ctx(ordered, self.precision)     # detached: no autograd graph is recorded
         for c, get in zip(self._cats, self._fused_getters):
             r = get(fused, n) if fused is not None and get is not None else c.device(ctx)
             if not isinstance(r, torch.Tensor):
@@ -430,19 +221,24 @@ class DeviceStatsBatch:
         """The CPU kernel if some category comes from it, else None, and the native memo when
         every category does; resolved at the first tensor (building the kernel is not paid by
         CUDA-only runs)."""
-        self._kernel = _cpu_kernel.load() if self._use_kernel else None
-        self._memo = _cpu_kernel.stats_memo() if self._kernel is not None and self._all_fused else None
+        self._kernel = native.fused_stats() if self._use_kernel else None
+        self._memo = native.new_stats_memo() if self._kernel is not None and self._all_fused else None
         if self._memo is not None:
-            self._sink = _cpu_kernel.row_sink(self._memo, self._entries, self._dtypes, self.add)
+            self._sink = RowRecorder(self, native.new_row_sink(self._memo))
         return self._kernel
 
-    def row_sink(self):
-        """The native ``RowSink`` that builds a recorder's statistic.csv rows and adds their CPU
-        tensors to this batch in one call (``row_sink.cpp``), or None (no native memo: some
-        category needs torch, precision "low", or the module is unavailable)."""
+    def row_sink(self) -> Optional["RowRecorder"]:
+        """The :class:`RowRecorder` that builds a recorder's statistic.csv rows and adds their CPU
+        tensors to this batch in one native call (``row_sink.cpp``), or None (no native memo:
+        some category needs torch, precision "low", or the module is unavailable)."""
         if self._kernel is _UNRESOLVED:
             self._resolve_kernel()
         return self._sink
+
+    def _extend(self, entries: list, dtypes: list) -> None:
+        """Entries read by the native row sink, numbered from ``len(self)`` as it was told."""
+        self._entries += entries
+        self._dtypes += dtypes
 
     def collect(self) -> List[List[Any]]:
         """Per added tensor, its values in category order (float, int or None).
@@ -521,6 +317,35 @@ class DeviceStatsBatch:
         self._ints.clear()
 
 
+class RowRecorder:
+    """The device-statistics fast path of CPU tensors: statistic.csv row tuples
+    (:data:`.contract.ROW_FIELDS`) and their statistics, made by the native row sink in one call.
+
+    :meth:`record` appends to the caller's ``rows`` exactly what ``Recorder.record_all``'s
+    Python loop would, and the tensors read to the batch; the native side only returns
+    new lists (it edits no object of Python's).
+    """
+
+    __slots__ = ("_batch", "_record")
+
+    def __init__(self, batch: DeviceStatsBatch, sink):
+        self._batch = batch
+        self._record = sink.record
+
+    def record(self, rows: list, op_type: str, name: str, io: str, ts: int, tensors) -> int:
+        """Rows of ``tensors`` (slot k at timestamp ``ts + k``, None slots skipped) appended to
+        ``rows``; how many, or -1 having changed nothing when some element needs the Python path."""
+        batch = self._batch
+        made = self._record(len(batch._entries), op_type, name, io, ts, tensors)
+        if made is None:
+            return -1
+        new_rows, entries, dtypes = made
+        if entries:
+            batch._extend(entries, dtypes)
+        rows += new_rows
+        return len(new_rows)
+
+
 class Gathered:
     """The values of one batch, on the host; :meth:`values` unpacks them per tensor."""
 
@@ -533,8 +358,8 @@ class Gathered:
         self.dtypes = dtypes
 
     def entries(self) -> List[Any]:
-        """Per tensor, the list of its values in category order, or the CPU kernel's
-        ``(max, min, sum, sum of squares, numel)`` tuple (see :meth:`values`)."""
+        """Per tensor, the list of its values in category order, or a fused entry
+        (:data:`.contract.FUSED_FIELDS`, see :meth:`values`)."""
         host = self._host
         out: List[Any] = []
         offsets = {dev: [0, 0] for dev in host}
@@ -561,4 +386,4 @@ class Gathered:
     def values(self) -> List[List[Any]]:
         """Per tensor, its values in category order."""
         getters = self._fused_getters
-        return [[get(e, e[4]) for get in getters] if type(e) is tuple else e for e in self.entries()]
+        return [[get(e, e[F_NUMEL]) for get in getters] if type(e) is tuple else e for e in self.entries()]

@@ -26,8 +26,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from .categories import lookup, statistic_header
+from . import native
 from .device import PRECISIONS, DeviceStatsBatch
-from . import cpu_kernel
 from .formatting import cell_formatter, format_cell, native_codes, native_precision
 from .host import reduce_tensor
 
@@ -98,7 +98,7 @@ class StatsEngine:
         return self._batch.add if self._batch is not None else None
 
     def device_row_sink(self):
-        """The batch's native row sink (see :meth:`DeviceStatsBatch.row_sink`), or None; like
+        """The batch's native row recorder (see :meth:`DeviceStatsBatch.row_sink`), or None; like
         :meth:`device_adder`, for a caller that holds a lock of its own around every call."""
         return self._batch.row_sink() if self._batch is not None else None
 
@@ -200,11 +200,11 @@ class DeviceCells:
         opdump's native module is loaded, else from :meth:`lists`."""
         with self._lock:
             if self._joined is None:
-                native = cpu_kernel.loaded_cell_formatter()
+                formatter = native.loaded_cell_formatter()
                 g = self._gathered
-                if native is not None and g is not None:
+                if formatter is not None and g is not None:
                     kinds, fused = native_codes(self._cats)
-                    self._joined = native(g.entries(), list(map(native_precision, g.dtypes)), kinds, fused)
+                    self._joined = formatter(g.entries(), list(map(native_precision, g.dtypes)), kinds, fused)
         if self._joined is None:
             joined = list(map(",".join, self.lists()))
             with self._lock:

@@ -50,6 +50,8 @@ from typing import Any, Callable, Iterable, Optional
 import numpy as np
 import torch
 
+from .contract import CELL_KINDS, CELL_PRECISIONS, FUSED_CATEGORIES
+
 #: value precision used to print tensor elements, by torch dtype
 _ELEMENT_NP = {
     torch.float16: np.float16,
@@ -153,10 +155,11 @@ def cell_formatter(kind: str, dtype: Optional[torch.dtype]) -> Callable[[Any], s
 
 
 # ------------------------------------------------------------------ the native formatter's codes
-# (cell_text.cpp's Kind, Precision and Fused enums)
-_NATIVE_KINDS = {"element": 0, "computed": 1, "count": 2, "text": 3}
-_NATIVE_PRECISIONS = {None: 0, np.float16: 1, np.float32: 2, np.float64: 3}
-_NATIVE_FUSED = {"max": 0, "min": 1, "avg": 2, "l2norm": 3, "count": 4}
+# (contract.py's tables, which native.py checks against cell_text.cpp's at load)
+_NATIVE_KINDS = {kind: code for code, kind in enumerate(CELL_KINDS)}
+_NATIVE_PRECISIONS = {t: CELL_PRECISIONS.index(p) for t, p in
+                      ((None, "integer"), (np.float16, "half"), (np.float32, "single"), (np.float64, "double"))}
+_NATIVE_FUSED = {category: code for code, category in enumerate(FUSED_CATEGORIES)}
 
 
 @functools.lru_cache(maxsize=None)

@@ -12,7 +12,8 @@
 //   `fused_stats` of the same elements and remembers `index` (the caller's batch
 //   entry) for them; or the index remembered for a tensor reading the same memory; or
 //   None for a tensor the kernel does not handle (not CPU, empty, negative/conjugate
-//   bit, a dtype it lacks, or with gaps and over 32 MiB): the caller uses torch for it;
+//   bit, a dtype it lacks, or with gaps and over 32 MiB: `takes(t)` is false): the caller
+//   uses torch for it;
 // * reuse only when the earlier tensor is still alive (so its memory cannot have been
 //   reused), reads the same memory (dense: same first element, count and dtype; with
 //   gaps: also the same sizes and strides) and its version counter value is the
@@ -23,6 +24,8 @@
 // * the GIL is released while copying and reading; the map is only touched with it held.
 #include "stats_memo.h"
 
+#include "contract.h"
+
 #include <functional>
 
 pybind11::object fused_stats(const at::Tensor& x);   // cpu_kernel.cpp
@@ -31,7 +34,7 @@ namespace opdump {
 
 namespace {
 
-constexpr int64_t kCopyLimit = int64_t(32) << 20;   // bytes; device.py's _COPY_LIMIT
+using opdump::contract::kCopyLimit;   // bytes; Python's contract.COPY_LIMIT
 
 bool handled(const at::Tensor& t) {
   if (!t.defined() || !t.device().is_cpu() || t.layout() != at::kStrided || t.numel() == 0 ||
@@ -70,10 +73,13 @@ size_t MemoKeyHash::operator()(const MemoKey& k) const {
   return h;
 }
 
+bool StatsMemo::takes(const at::Tensor& t) {
+  return handled(t) && (t.is_non_overlapping_and_dense() || t.numel() * t.element_size() <= kCopyLimit);
+}
+
 pybind11::object StatsMemo::stats(const at::Tensor& t, int64_t index) {
-  if (!handled(t)) return pybind11::none();
+  if (!takes(t)) return pybind11::none();
   const bool dense = t.is_non_overlapping_and_dense();
-  if (!dense && t.numel() * t.element_size() > kCopyLimit) return pybind11::none();
   const int64_t version = version_of(t);
   MemoKey key = key_of(t, dense);
   auto it = map_.find(key);
@@ -96,8 +102,11 @@ pybind11::object StatsMemo::stats(const at::Tensor& t, int64_t index) {
   }
   if (fused.is_none()) return fused;
   ++reads_;
+  using namespace opdump::contract;
   auto parts = fused.cast<pybind11::tuple>();
-  pybind11::object value = pybind11::make_tuple(parts[0], parts[1], parts[2], parts[3], t.numel());
+  pybind11::tuple value(static_cast<size_t>(kFusedFields));
+  for (size_t f = kFieldMax; f < static_cast<size_t>(kFieldNumel); ++f) value[f] = parts[f];
+  value[static_cast<size_t>(kFieldNumel)] = pybind11::int_(t.numel());
   map_.insert_or_assign(std::move(key),
                         MemoEntry{c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()), version, index});
   return value;
@@ -130,6 +139,7 @@ void register_stats_memo(pybind11::module& m) {
       .def("stats", &StatsMemo::stats,
            "(max, min, sum, sum of squares, numel) of a CPU tensor, remembered as entry `index`; the entry "
            "of a tensor reading the same memory; or None")
+      .def_static("takes", &StatsMemo::takes, "whether stats() reads this tensor (else it gives None)")
       .def("forget", &StatsMemo::forget, "the tensor is being written: forget its memory")
       .def("settle", &StatsMemo::settle, "its writer returned: the entry takes its current version")
       .def("clear", &StatsMemo::clear)

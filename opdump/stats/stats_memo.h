@@ -35,6 +35,8 @@ class StatsMemo {
   // (max, min, sum, sum of squares, numel) of `t`, remembered as entry `index`; the entry
   // (an int) of a tensor reading the same memory; or None (see stats_memo.cpp).
   pybind11::object stats(const at::Tensor& t, int64_t index);
+  // Whether stats() reads `t` (it gives None exactly when this is false).
+  static bool takes(const at::Tensor& t);
   void forget(const at::Tensor& t);
   void settle(const at::Tensor& t);
   void clear() { map_.clear(); }
