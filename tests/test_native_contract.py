@@ -78,3 +78,26 @@ def test_a_contract_mismatch_at_load_falls_back_to_python_with_one_warning():
     assert proc.stdout.strip() == f"True True {want}"
     assert proc.stderr.count("opdump: the native module") == 1
     assert "ROW_FIELDS" in proc.stderr
+
+
+def test_the_recorders_python_rows_have_the_same_layout(tmp_path):
+    """The Python twin of the row sink (Recorder.record_all's loop) builds the same named fields."""
+    import opdump
+    from opdump.capture.op_info import OpInfo
+    from conftest import write_config
+    cfg = write_config(tmp_path, common={"iteration": "0", "saved_data": "statistic", "statistic_category": CATS},
+                       e2e={"stat_calc_mode": "device"})
+    with opdump.Session(cfg) as session:
+        rec = session.recorder
+        rec._sink = None                                    # the Python path
+        folder = session.iteration_dir(0)
+        op = OpInfo(0, "MatMul", "Default", "default", (), ())
+        x = torch.randn(3, 4)
+        rec.record_all(folder, op, "input", [x, None, x.t()])
+        rows = rec._pending.pop(folder)
+    named = [dict(zip(contract.ROW_FIELDS, r)) for r in rows]
+    assert all(len(r) == len(contract.ROW_FIELDS) for r in rows)
+    assert [(n["op_type"], n["op_name"], n["io"], n["slot"], n["nbytes"], n["dtype"], n["shape"], n["host_future"])
+            for n in named] == [("MatMul", op.full_name, "input", 0, 48, torch.float32, "(3,4)", None),
+                                ("MatMul", op.full_name, "input", 2, 48, torch.float32, "(4,3)", None)]
+    assert named[1]["timestamp"] - named[0]["timestamp"] == 2 and named[0]["device_handle"] == named[1]["device_handle"]
