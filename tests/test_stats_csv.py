@@ -163,12 +163,12 @@ def test_rows_assembled_from_pieces_equal_csv_rows(op_type, op_name, shape, ts):
     bytes the csv module writes for the same cells, whatever the names hold (commas, quotes,
     newlines), and read back to the same cells."""
     import torch
-    from opdump.recorder import _row_head, _row_middle, _shape_text
+    from opdump.recorder.rows import row_head, row_middle, shape_text
     shape = torch.Size(shape)
     cells = ["1.5", "", "nan"]
     nbytes = str(4 * math.prod(shape))
-    fast = (_row_head(op_type, op_name, 3) + str(ts)
-            + _row_middle("input", 1, int(nbytes), torch.float32, _shape_text(shape))
+    fast = (row_head(op_type, op_name, 3) + str(ts)
+            + row_middle("input", 1, int(nbytes), torch.float32, shape_text(shape))
             + ",".join(cells) + "\n")
     expected = [op_type, op_name, "0", "3", str(ts), "input", "1", nbytes, "Float32", format_shape(shape), *cells]
     reference = mod.encode_rows([expected])

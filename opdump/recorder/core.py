@@ -1,4 +1,4 @@
-"""The recorder: where both capture front-ends hand over tensors.
+"""The recorder (:class:`Recorder`): where both capture front-ends hand over tensors.
 
 It turns "operator X produced tensor T" into writer jobs: an exact copy of T
 (a memcpy on CPU, an asynchronous D2H copy into pinned memory on CUDA), a
@@ -9,117 +9,25 @@ is in :class:`~opdump.capture.op_info.OpInfo`.
 """
 from __future__ import annotations
 
-import functools
 import json
 import threading
-import time
 import warnings
 import weakref
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .capture.op_info import OpInfo
-from .write.buffers import HostBuffers, HostCopy
-from .write.atomic import atomic_save_npy, atomic_write_bytes
-from .write.dtypes import dtype_name, to_numpy
-from .write.names import parameter_file_name, tensor_file_name
-from .write.statistic_csv import StatisticCsv, encode_fields
-from .stats import StatsEngine, format_shape
-from .stats.device import tensor_version
-
+from ..capture.op_info import OpInfo
+from ..write.buffers import HostBuffers, HostCopy
+from ..write.dtypes import dtype_name, to_numpy
+from ..write.names import parameter_file_name, tensor_file_name
+from ..write.statistic_csv import StatisticCsv
+from ..stats import StatsEngine
+from ..stats.device import tensor_version
+from .copies import Clock, Seen, copy_out, stream_id_of
+from .rows import ROW_BYTES, encode_batch, shape_text
 
 _UNRESOLVED = object()
-
-
-class _Clock:
-    """Microsecond timestamps, strictly increasing so that every file name is unique."""
-
-    def __init__(self):
-        self._last = 0
-        self._lock = threading.Lock()
-
-    def __call__(self, count: int = 1) -> int:
-        """The first of ``count`` consecutive timestamps, all later than any given before."""
-        now = time.time_ns() // 1000
-        with self._lock:
-            if now <= self._last:
-                now = self._last + 1
-            self._last = now + count - 1
-        return now
-
-
-def _copy_out(t: torch.Tensor, trans_flag: bool, buffers: HostBuffers) -> Tuple[HostCopy, Any, str]:
-    """An exact, contiguous host copy of ``t`` (plus a CUDA event to wait on, and the format)."""
-    fmt = "DefaultFormat"
-    t = t.detach()
-    if (not trans_flag and t.dim() == 4 and not t.is_contiguous()
-            and t.is_contiguous(memory_format=torch.channels_last)):
-        t = t.permute(0, 2, 3, 1)
-        fmt = "NHWC"
-    if t.is_conj():
-        t = t.resolve_conj()
-    if t.is_neg():
-        t = t.resolve_neg()
-    if t.device.type == "cpu":
-        return buffers.copy_of(t), None, fmt
-    buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=torch.cuda.is_available())
-    buf.copy_(t, non_blocking=True)
-    event = None
-    if t.device.type == "cuda":
-        event = torch.cuda.Event()
-        event.record(torch.cuda.current_stream(t.device))
-    return HostCopy(buf, None, None), event, fmt
-
-
-@functools.lru_cache(maxsize=4096)
-def _shape_text(shape: torch.Size) -> str:
-    return format_shape(shape)
-
-
-# The text of a row around its timestamp, encoded once per operator / tensor kind: a row
-# is then head + timestamp + middle + its statistic cells, with no CSV work per row.
-@functools.lru_cache(maxsize=65536)
-def _row_head(op_type: str, op_name: str, stream: int) -> str:
-    return encode_fields((op_type, op_name, "0", str(stream))) + ","
-
-
-@functools.lru_cache(maxsize=65536)
-def _row_middle(io: str, slot: int, nbytes: int, dtype: torch.dtype, shape: str) -> str:
-    return "," + encode_fields((io, str(slot), str(nbytes), dtype_name(dtype), shape)) + ","
-
-
-# A queued row is ONE flat tuple of strings, ints and a dtype (plus its host-statistics
-# future, if any): (op type, op name, stream, timestamp, io, slot, nbytes, dtype, shape text,
-# device handle, host future).  The garbage collector untracks such a tuple the first time it
-# looks at it; a row holding the tensor's torch.Size (a tuple subclass, never untracked) or
-# nested in another tuple stays tracked, and rows waiting for the low-priority writer (it may
-# lag many steps behind, within its byte budget) then fill the oldest generation and trigger
-# full collections: ~0.1 s each with torch imported, 2.6 ms per eager AlexNet step on average.
-
-#: what one statistic.csv row is reckoned to hold until it is written (its text and metadata)
-_ROW_BYTES = 256
-
-
-def stream_id_of(t: torch.Tensor) -> int:
-    if t.is_cuda:
-        return int(torch.cuda.current_stream(t.device).stream_id)
-    return 0
-
-
-class _Seen:
-    """A tensor already recorded since the last flush: its copy, its statistics."""
-
-    __slots__ = ("tensor", "version", "copy", "event", "fmt", "host_future", "device_handle")
-
-    def __init__(self, tensor_ref, version: int):
-        self.tensor = tensor_ref
-        self.version = version
-        self.copy = None           # weakref to its HostCopy (usable while a job still holds it)
-        self.event = None
-        self.fmt = "DefaultFormat"
-        self.host_future = None    # the job computing its host statistics
-        self.device_handle = None  # its device statistics in the current batch
 
 
 class Recorder:
@@ -128,11 +36,11 @@ class Recorder:
         cfg = session.config
         self.config = cfg
         self.writer = writer = session.writer
-        self.clock = _Clock()
+        self.clock = Clock()
         self.stats = StatsEngine(cfg) if cfg.dump_statistics else None
         # statistic.csv rows per folder, waiting for their device values / host cells
-        self._pending: Dict[str, List[tuple]] = {}       # flat row tuples, see _row_middle
-        self._seen: Dict[int, _Seen] = {}
+        self._pending: Dict[str, List[tuple]] = {}       # flat row tuples, see :mod:`.rows`
+        self._seen: Dict[int, Seen] = {}
         self.buffers = HostBuffers(lambda: writer.budget - writer.held)
         self._csv: Dict[str, StatisticCsv] = {}
         self._csv_lock = threading.Lock()
@@ -179,7 +87,7 @@ class Recorder:
                     if not isinstance(t, torch.Tensor) or self._unsupported(t):    # the rare cases
                         continue
                 stream = stream_id_of(t) if t.is_cuda else 0
-                rows.append((op_type, name, stream, ts + slot, io, slot, t.nbytes, t.dtype, _shape_text(t.shape),
+                rows.append((op_type, name, stream, ts + slot, io, slot, t.nbytes, t.dtype, shape_text(t.shape),
                              launch(t), None))
                 recorded += 1
         self.tensors_recorded += recorded
@@ -250,7 +158,7 @@ class Recorder:
                 event, fmt = seen.event, seen.fmt
             else:
                 try:
-                    copy, event, fmt = _copy_out(tensor, cfg.trans_flag, self.buffers)
+                    copy, event, fmt = copy_out(tensor, cfg.trans_flag, self.buffers)
                 except BaseException:
                     self.writer.release(nbytes)
                     raise
@@ -273,10 +181,10 @@ class Recorder:
                 seen.host_future = future
         if stats is not None:
             self._queue_row(folder, (op_type, op_name, stream, ts, io, slot, nbytes, tensor.dtype,
-                                     _shape_text(tensor.shape)), tensor, seen, host_future)
+                                     shape_text(tensor.shape)), tensor, seen, host_future)
 
     def _queue_row(self, folder: str, prefix: tuple, tensor: torch.Tensor,
-                   seen: Optional["_Seen"] = None, host_future=None) -> None:
+                   seen: Optional["Seen"] = None, host_future=None) -> None:
         """Launch the device statistics of ``tensor`` and queue its statistic.csv row
         (its text is made in the writer thread, see :meth:`_write_rows`)."""
         # Launch, append and collect share one lock, so a handle always belongs
@@ -291,7 +199,7 @@ class Recorder:
             self._rows_of(folder).append(prefix + (device_handle, host_future))
 
     # ------------------------------------------------------------------ same tensor, seen again
-    def _seen_entry(self, tensor: torch.Tensor) -> Optional["_Seen"]:
+    def _seen_entry(self, tensor: torch.Tensor) -> Optional["Seen"]:
         """What was already done for this very tensor (same object, unmodified) since the last flush.
 
         An operator's input is usually an earlier operator's output: its statistics are
@@ -331,8 +239,8 @@ class Recorder:
             if self.stats is not None:
                 self.stats.device_settle(tensor)
 
-    def _remember(self, tensor: torch.Tensor) -> "_Seen":
-        entry = _Seen(weakref.ref(tensor), tensor_version(tensor))
+    def _remember(self, tensor: torch.Tensor) -> "Seen":
+        entry = Seen(weakref.ref(tensor), tensor_version(tensor))
         self._seen[id(tensor)] = entry
         return entry
 
@@ -345,7 +253,7 @@ class Recorder:
             if name is not None:
                 path = self.session.layout.place(folder, name)
                 array = to_numpy(buf)
-                atomic_save_npy(path, array)
+                self.session.layout.save_npy(path, array)      # never through a link (safe_fs)
                 self.writer.count(array.nbytes)
                 del array
             if host_stats and self.stats is not None and self.stats.needs_host_copy:
@@ -389,7 +297,7 @@ class Recorder:
         self._kernel_args_done.add(key)
         path = self.session.layout.place(folder, f"{op.file_stem}.json")
         data = json.dumps({k: str(v) for k, v in op.args.items()}, indent=2).encode()
-        self.writer.submit(lambda: atomic_write_bytes(path, data))
+        self.writer.submit(lambda: self.session.layout.write_small(path, data))
 
     # ------------------------------------------------------------------ flushing
     def flush_statistics(self) -> None:
@@ -407,7 +315,7 @@ class Recorder:
             # the rows' text counts against the writer's byte budget: a writer that falls behind
             # (statistics-only sessions run it at the lowest priority) holds the training thread back
             self.writer.submit(lambda folder=folder, rows=rows: self._write_rows(folder, rows, device_cells),
-                               len(rows) * _ROW_BYTES)
+                               len(rows) * ROW_BYTES)
 
     def _statistic_csv(self, folder: str) -> StatisticCsv:
         with self._csv_lock:
@@ -415,25 +323,10 @@ class Recorder:
             if csv is None:         # made in a writer thread: the folder and the header cost syscalls
                 if len(self._csv) >= 256:   # older iterations' files: reopening one appends, no new header
                     self._csv.pop(next(iter(self._csv)))
-                csv = self._csv[folder] = StatisticCsv(
-                    self.session.layout.place(folder, "statistic.csv"), self.config.statistic_category)
+                layout = self.session.layout
+                csv = self._csv[folder] = layout.statistic_csv(
+                    layout.place(folder, "statistic.csv"), self.config.statistic_category)
             return csv
 
     def _write_rows(self, folder: str, batch, device_cells) -> None:
-        stats = self.stats
-        (op_types, op_names, streams, stamps, ios, slots, sizes, dtypes, shapes,
-         handles, futures) = zip(*batch)
-        if stats.device_only:           # the common case: the cells are the device cells, in order
-            cells = dict(enumerate(device_cells.joined()))
-            cells[None] = "," * (len(stats.categories) - 1)
-            tails = map(cells.__getitem__, handles)
-        else:
-            dev = device_cells.cells()
-            tails = [",".join(stats.row_cells(None if h is None else dev[h], None if f is None else f.result()))
-                     for h, f in zip(handles, futures)]
-        # Built with map/zip over columns: no Python bytecode per row, so this thread does not
-        # trade the GIL with the training thread row by row.  Statistic cells are numbers, md5
-        # hex digests or empty: nothing in them needs CSV quoting.
-        lines = map("".join, zip(map(_row_head, op_types, op_names, streams), map(str, stamps),
-                                 map(_row_middle, ios, slots, sizes, dtypes, shapes), tails))
-        self._statistic_csv(folder).append_encoded(("\n".join(lines) + "\n").encode("utf-8"))
+        self._statistic_csv(folder).append_encoded(encode_batch(self.stats, batch, device_cells))
