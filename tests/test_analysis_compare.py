@@ -191,3 +191,35 @@ def test_html_report_content(dumps, tmp_path):
     assert len(p.rows) == len(r.table)
     assert sum(1 for a in p.rows if a.get("id") == "first-divergence") == 1
     assert "Default/Net/fc2-Linear/t-op6" in text
+
+
+def test_mapping_of_different_element_counts_is_unmatched_not_diverged(tmp_path):
+    make_dump(tmp_path / "ref", iterations=(0,))
+    m = tmp_path / "map.csv"      # fc1's weight (16x8) paired by hand with fc2's (4x16)
+    m.write_text("Default/Net/fc1-Linear/t-op0:input.0,Default/Net/fc2-Linear/t-op6:input.0\n")
+    r = compare(tmp_path / "ref", tmp_path / "ref", mapping=m, progress=False)
+    t = r.table
+    row = t[(t["op"] == "Default/Net/fc1-Linear/t-op0") & (t["io"] == "input")].iloc[0]
+    assert row["match"] == "mapping" and row["verdict"] == "unmatched"
+    assert "element count differs: 128 vs 64" in row["reason"]
+    assert "diverged" not in r.counts and r.first_divergence is None
+
+
+def test_matchers_are_pluggable(tmp_path):
+    from opdump.analysis.compare import NameMatcher
+    make_dump(tmp_path / "ref", iterations=(0,))
+    make_dump(tmp_path / "extra", iterations=(0,), extra_op=True)
+    by_name = compare(tmp_path / "extra", tmp_path / "ref", progress=False, matchers=[NameMatcher()])
+    aligned = compare(tmp_path / "extra", tmp_path / "ref", progress=False)
+    # names alone: every operator after the inserted clone is renumbered, so unmatched
+    assert set(by_name.matched_by) == {"name"} and len(by_name.unmatched_a) > 5
+    assert aligned.unmatched_a == ["Default/Net/clone-op3"] and aligned.matched_by["aligned order"] > 10
+
+
+def test_align_keeps_order_and_skips_insertions():
+    from opdump.analysis.compare.match import align
+    a = ["t", "mm", "X", "t", "mm", "sum", "Y", "view"]
+    b = ["t", "mm", "t", "mm", "sum", "view", "Z"]
+    pairs = align(a, b)
+    assert all(a[i] == b[j] for i, j in pairs) and len(pairs) == 6
+    assert [i for i, _ in pairs] == sorted(i for i, _ in pairs) and [j for _, j in pairs] == sorted(j for _, j in pairs)

@@ -56,7 +56,7 @@ class CompareResult:
 
     def to_csv(self, path: Union[str, os.PathLike]) -> None:
         tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
-        self.table.to_csv(tmp, index=False)
+        self.table.to_csv(tmp, index=False, errors="backslashreplace")    # names with undecodable bytes
         os.replace(tmp, path)
 
     def to_html(self, path: Union[str, os.PathLike], **kw) -> None:

@@ -167,8 +167,14 @@ def compare(a: Union[str, os.PathLike, Dump], b: Union[str, os.PathLike, Dump], 
         _borrow_shapes(ta, tb)
         it_pairs = _iteration_pairs(ta, tb, iterations)
         all_it_pairs += [p for p in it_pairs if p[0] is not None and p not in all_it_pairs]
+        by_it_a: Dict[Optional[int], List[Tensor]] = {}
+        by_it_b: Dict[Optional[int], List[Tensor]] = {}
+        for t in ta:
+            by_it_a.setdefault(t.iteration, []).append(t)
+        for t in tb:
+            by_it_b.setdefault(t.iteration, []).append(t)
         for ia, ib in it_pairs:
-            pairs += match([t for t in ta if t.iteration == ia], [t for t in tb if t.iteration == ib], matchers)
+            pairs += match(by_it_a.get(ia, []), by_it_b.get(ib, []), matchers)
     for side, seen, d in (("A", seen_a, da), ("B", seen_b, db)):
         if not seen:
             raise CompareError(f"{side}: {d.path} holds no dumped tensors or statistics: nothing to compare")
