@@ -9,7 +9,6 @@ import pytest
 from analysis_fixtures import LINES, MS_SAMPLE, make_dump
 from opdump.analysis.compare import Thresholds, compare, load_mapping, verdict_for_metrics
 from opdump.analysis.metrics import tensor_metrics
-from opdump.analysis.reader import open_dump
 
 needs_sample = pytest.mark.skipif(not MS_SAMPLE.is_dir(), reason=f"MindSpore sample dump not found at {MS_SAMPLE}")
 
