@@ -1,4 +1,4 @@
-"""ACL/torchair ``{"dump": ...}`` dialect (seeds 003, 004) and the options object (seeds 001, 003)."""
+"""ACL/torchair ``{"dump": ...}`` dialect and the options object (README "Other dialects")."""
 import json
 
 import pytest
@@ -101,7 +101,7 @@ def test_opdump_settings_beside_dump():
     ({"dump_path": 3}, "dump.dump_path", "must be a string"),
     ({"dump_path": "/o p"}, "dump.dump_path", "character ' ' is not allowed"),
     ({"dump_path": "$NOPE/x"}, "dump.dump_path", "refers to $NOPE, which is not set"),
-    # watcher restrictions (seed 003)
+    # watcher restrictions (torchair's)
     ({"dump_path": "/o", "dump_scene": "watcher", "dump_debug": "on", "dump_list": [{"watcher_nodes": ["C"]}]},
      "dump.dump_debug", 'cannot be combined with "dump_scene": "watcher"'),
     ({"dump_path": "/o", "dump_scene": "watcher", "dump_op_switch": "on", "dump_list": [{"watcher_nodes": ["C"]}]},

@@ -1,4 +1,4 @@
-"""The iteration grammar shared by ``iteration`` / ``dump_step`` (F2)."""
+"""The iteration grammar shared by ``iteration`` / ``dump_step`` (README "Config reference")."""
 import re
 
 import pytest

@@ -1,4 +1,4 @@
-"""MindSpore dialect (seed 000) and the loader: files, env vars, every field good and bad."""
+"""MindSpore dialect and the loader: files, env vars, every field good and bad."""
 import json
 import os
 
@@ -11,7 +11,7 @@ C, E, O = "common_dump_settings", "e2e_dump_settings", "opdump_settings"
 
 
 def seed_cpu_gpu(path):
-    """The CPU/GPU example of seed 000, with a real path."""
+    """MindSpore's CPU/GPU example config, with a real path."""
     return {C: {"op_debug_mode": 0, "dump_mode": 0, "path": str(path), "net_name": "ResNet50",
                 "iteration": "0|5-8|100-120", "saved_data": "tensor", "input_output": 0,
                 "kernels": ["Default/Conv-op12"], "support_device": [0, 1, 2, 3, 4, 5, 6, 7],

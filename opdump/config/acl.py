@@ -1,14 +1,14 @@
-"""The ACL / torchair dialect (seeds 003, 004): ``{"dump": {...}}``.
+"""The ACL / torchair dialect (README "Other dialects"): ``{"dump": {...}}``.
 
 Maps the Ascend keys onto the one DumpConfig: ``dump_mode`` input/output/all ->
-``input_output`` 1/2/0 (default "output", as in the seeds), ``dump_data``
+``input_output`` 1/2/0 (default "output", as in CANN), ``dump_data``
 tensor/stats -> ``saved_data`` tensor/statistic, ``dump_debug`` "on" -> overflow
 (``op_debug_mode`` 3, inputs and outputs), ``dump_step`` -> ``iteration``,
 ``layer`` lists -> ``kernels`` with ``dump_mode`` 1 when every dump_list entry
 lists layers, ``dump_scene`` "watcher" -> watcher mode (``layers`` are the
-triggers, ``watcher_nodes`` the watched operators; seed 003's restrictions are
+triggers, ``watcher_nodes`` the watched operators; torchair's restrictions are
 errors).  ``dump_path`` may be relative (to the working directory) and may use
-``$VAR``, as in the seeds.  The result uses the ACL directory layout.
+``$VAR``, as in CANN.  The result uses the ACL directory layout.
 """
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def parse_acl(dump: Any, env: Mapping[str, str], extra: Mapping[str, Any] = ()) 
     entries = kw.pop("_list", [])
     op_switch = kw.pop("_op_switch", "off")
     raw_path = kw.pop("_path", "")
-    kw.setdefault("input_output", 2)                       # the seeds' default dump_mode is "output"
+    kw.setdefault("input_output", 2)                       # CANN's default dump_mode is "output"
     if not raw_path:
         raise ConfigError("dump.dump_path", raw_path, "required: the directory to dump into (absolute, or "
                           "relative to the working directory)")

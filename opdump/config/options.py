@@ -1,9 +1,9 @@
-"""The options-object dialect (seed 001 ``npu_device`` dump_config, seed 003 torchair ``dump_config``).
+"""The options-object dialect (the TF adapter's ``npu_device`` dump_config and torchair's ``dump_config``; README "Other dialects").
 
 ``DumpOptions`` mirrors those attributes so a script written for the TF adapter
 or torchair ports by changing the import.  ``dump_config_path`` loads that JSON
 file (any dialect) instead, as torchair recommends; it cannot be mixed with the
-other dump options (seed 003: the JSON takes over everything but enable_dump).
+other dump options (as in torchair: the JSON takes over everything but enable_dump).
 Results use the ACL directory layout, like the toolchains the options come from.
 """
 from __future__ import annotations
@@ -57,10 +57,10 @@ NAMES = {"input_output": PREFIX + "dump_mode", "saved_data": PREFIX + "dump_data
 
 @dataclass
 class DumpOptions:
-    """The seeds' ``dump_config`` options; every field optional.
+    """The TF adapter's and torchair's ``dump_config`` options; every field optional.
 
     ``enable_dump`` None means: on when ``dump_config_path`` is given, else off.
-    ``dump_path`` None is the working directory (seed 003); relative paths are
+    ``dump_path`` None is the working directory (as in torchair); relative paths are
     relative to it.  ``quant_dumpable`` is accepted and ignored (PyTorch has no
     pre-quantisation graph to dump).
     """
