@@ -192,10 +192,10 @@ class Session:
         errors = self.writer.close()
         self.recorder.close()
         if self._layout is not None:
-            self._on_disk_through = self._lag_iteration
             if not errors:
+                self._on_disk_through = self._lag_iteration
                 self._write_global_orders()
-            self._write_manifest(complete=not self.writer.errors)
+            self._write_manifest(complete=not self.writer.errors, running=False)
         if self._manifest is not None:
             self._manifest.close()
         if self._tree is not None:
@@ -247,9 +247,11 @@ class Session:
         mark = self.writer.mark()
         self.writer.wait(self._lag_mark)
         through, self._lag_mark, self._lag_iteration = self._lag_iteration, mark, iteration
-        if through is not None and not self._closed:
+        if self._closed:
+            return
+        if through is not None and not self.writer.failed:      # after an error, files are missing
             self._on_disk_through = through
-            self._write_manifest(complete=False)
+        self._write_manifest(complete=False)
 
     def on_iteration_end(self, hook: Callable[[int], None]) -> None:
         self._iteration_end_hooks.append(hook)
@@ -370,13 +372,13 @@ class Session:
         layout.write_small(os.path.join(layout.metadata_dir, "config.json"), json.dumps(meta).encode())
         self._write_manifest(complete=False)
 
-    def _write_manifest(self, complete: bool) -> None:
+    def _write_manifest(self, complete: bool, running: bool = True) -> None:
         """``manifest.json`` (:mod:`.write.manifest`): rewritten only when something changed."""
         manifest, tree = self._manifest, self._tree
         if manifest is None or tree is None:
             return
         errors = self.writer.errors
-        state = (complete, self._on_disk_through, len(self._dumped_iterations), tree.files_written,
+        state = (complete, running, self.iteration if running else None, self._on_disk_through, len(self._dumped_iterations), tree.files_written,
                  tree.rows_written, len(errors))
         if state == self._manifest_seen:
             return
@@ -384,7 +386,7 @@ class Session:
             "complete": complete,
             "tool": "opdump", "version": __version__, "pid": os.getpid(),
             "dumped_iterations": iteration_ranges(self._dumped_iterations),
-            "iteration_in_progress": None if complete else self.iteration,
+            "iteration_in_progress": self.iteration if running else None,
             "on_disk_through": self._on_disk_through,
             "files_written": tree.files_written, "bytes_written": tree.bytes_written,
             "rows_written": tree.rows_written,

@@ -94,3 +94,25 @@ def iteration_ranges(iterations) -> str:
     if len(text) > 1024:                    # thousands of scattered iterations: keep the page
         text = text[:1000].rsplit("|", 1)[0] + "|…"
     return text
+
+
+def describe(manifest: Optional[Dict[str, Any]], rank_dir: str) -> str:
+    """What ``opdump ls`` adds after "INCOMPLETE": the interrupted iteration, the last
+    iteration whose files are all on disk, the first error, the stale temporary files a
+    killed run left (they are never read; ``existing: "overwrite"`` removes them)."""
+    from .dump_folder import stale_temporaries
+
+    parts = []
+    if manifest:
+        if manifest.get("iteration_in_progress") is not None:
+            parts.append(f"interrupted in iteration {manifest['iteration_in_progress']}")
+        if "on_disk_through" in manifest:
+            through = manifest.get("on_disk_through")
+            parts.append("no iteration known complete on disk" if through is None
+                         else f"files through iteration {through} on disk")
+        if manifest.get("errors"):
+            parts.append(f"error: {manifest['errors'][0]}")
+    stale = stale_temporaries(rank_dir)
+    if stale:
+        parts.append(f"{len(stale)} stale temporary file(s), e.g. {stale[0]}")
+    return f" ({'; '.join(parts)})" if parts else ""

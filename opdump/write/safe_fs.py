@@ -171,9 +171,11 @@ class DumpTree:
                 with self._lock:
                     self.files_written += 1
                     self.bytes_written += size
-            except BaseException:
+            except BaseException as exc:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp, dir_fd=dfd)
+                if isinstance(exc, OSError) and exc.filename is None:
+                    exc.filename = path             # name the file in the warning and the manifest
                 raise
 
     @contextlib.contextmanager

@@ -96,6 +96,14 @@ class StatisticCsv:
         the caller guarantees the width, see :func:`encode_fields`) in one write."""
         if not body:
             return
+        try:
+            self._append(body)
+        except OSError as exc:
+            if exc.filename is None:
+                exc.filename = self.path           # name the file in the warning and the manifest
+            raise
+
+    def _append(self, body: bytes) -> None:
         with self._lock, self._open() as fd:
             start = os.fstat(fd).st_size
             if start == 0:
