@@ -48,3 +48,18 @@ def test_a_compiled_model_outlives_its_session(tmp_path):
     out.sum().backward()
     torch.testing.assert_close(out, model(torch.ones(2, 4)), rtol=0, atol=0)
     assert len(tensor_files(str(tmp_path / "dump"))) == before, "nothing is dumped after close"
+
+
+def test_an_open_session_does_not_keep_dropped_graphs(tmp_path):
+    """torch._dynamo.reset() during a session releases the compiled graphs (and their runtimes)."""
+    from opdump.capture.graph.capture import GraphCapture
+    cfg = write_config(tmp_path, common={"iteration": "0"})
+    with opdump.Session(cfg) as session:
+        compiled = torch.compile(nn.Linear(4, 3), backend=session.backend("eager"))
+        compiled(torch.ones(2, 4)).sum().backward()
+        captures = [weakref.ref(o) for o in gc.get_objects() if type(o) is GraphCapture]
+        assert captures
+        del compiled
+        torch._dynamo.reset()
+        gc.collect()
+        assert [r for r in captures if r() is not None] == []

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+import weakref
 from typing import Callable, List, Optional, Sequence, Union
 
 import torch
@@ -77,7 +78,9 @@ class GraphCapture:
         self.runtimes: List[GraphRuntime] = []
         self.real_fn = None
         self.gm: Optional[fx.GraphModule] = None
-        session.on_close(self.detach)
+        # weakly: a graph Dynamo dropped (reset, recompile) is not kept alive by an open session
+        detach = weakref.WeakMethod(self.detach)
+        session.on_close(lambda: detach() is not None and detach()())
 
     # ------------------------------------------------------------------ compile
     def compile(self, gm: fx.GraphModule, example_inputs: Sequence):
