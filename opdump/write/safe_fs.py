@@ -167,10 +167,14 @@ class DumpTree:
                     size = os.fstat(fd).st_size
                 finally:
                     os.close(fd)
+                try:                            # a file written again (a listing) counts once
+                    old = os.stat(name, dir_fd=dfd, follow_symlinks=False).st_size
+                except FileNotFoundError:
+                    old = None
                 os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
                 with self._lock:
-                    self.files_written += 1
-                    self.bytes_written += size
+                    self.files_written += old is None
+                    self.bytes_written += size - (old or 0)
             except BaseException as exc:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp, dir_fd=dfd)

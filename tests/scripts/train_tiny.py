@@ -5,6 +5,7 @@ compare the training's output with and without a dump, and know which steps had
 finished when it killed the process.
 """
 import argparse
+import os
 import sys
 import time
 
@@ -17,6 +18,7 @@ p.add_argument("--compile", action="store_true", help="torch.compile the model (
 p.add_argument("--hostile", action="store_true", help="module names with a newline, a NUL, a comma and a quote")
 p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes (forked)")
 p.add_argument("--sleep", type=float, default=0.0, help="seconds to sleep after each step")
+p.add_argument("--hold", default="", help="after step 0, wait until this file exists")
 p.add_argument("--exit", type=int, default=0, help="the script's own exit status")
 a = p.parse_args()
 
@@ -48,4 +50,6 @@ for step, (x, y) in enumerate(loader):
     print(f"STEP {step} loss {loss.item():.6f}", flush=True)
     if a.sleep:
         time.sleep(a.sleep)
+    while step == 0 and a.hold and not os.path.exists(a.hold):
+        time.sleep(0.02)
 sys.exit(a.exit)
