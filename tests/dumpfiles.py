@@ -1,6 +1,8 @@
-"""An independent reader for the tests: parses dump file names with the seed's
-grammar and loads arrays without pickle.  Deliberately shares no code with the
-writer (``opdump.write``) so that a writer bug cannot hide itself."""
+"""An independent reader for the tests: parses dump file names with the documented
+grammar (README "Output layout", docs/design.md "File names") and loads arrays without
+pickle.  Deliberately shares no code with opdump (neither ``opdump.write`` nor
+``opdump.format``) so that a bug in the shared format cannot hide itself; it is itself
+checked against a real MindSpore dump (tests/test_format_dumpfiles.py)."""
 from __future__ import annotations
 
 import os
@@ -37,21 +39,42 @@ class DumpFile:
 
 
 def sanitize(name: str) -> str:
-    return re.sub(r"[./\\ ]", "_", name)
+    """The documented rule: ``. / \\ space : * ? " < > |`` and control characters -> ``_``;
+    an empty name -> ``_``."""
+    return re.sub(r'[./\\ :*?"<>|\x00-\x1f\x7f]', "_", name) or "_"
 
 
-def tensor_files(root: str) -> List[DumpFile]:
-    """Every tensor file under ``root`` (the dump path); fails on any unparsable name."""
+def _mapping(folder: str) -> Dict[str, str]:
+    """``mapping.csv``: ``{short name},{original name}`` per line (originals may hold commas)."""
+    path = os.path.join(folder, "mapping.csv")
+    if not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8", newline="") as f:
+        pairs = [line.split(",", 1) for line in f.read().split("\n") if "," in line]
+    return {short: original for short, original in pairs}
+
+
+def tensor_files(root: str, folder: str = "iterations") -> List[DumpFile]:
+    """Every tensor file of the iteration folders under ``root`` (the dump path), or with
+    ``folder="constants"`` of the graphs' ``constants/`` folders (iteration -1); fails on
+    any unparsable name."""
     out = []
     for dirpath, _, files in os.walk(root):
         rel = os.path.relpath(dirpath, root).split(os.sep)
         if len(rel) != 4 or not rel[0].startswith("rank_"):
             continue
+        if folder == "constants":
+            if rel[3] != "constants":
+                continue
+            rel[3] = "-1"
+        elif not rel[3].isdigit():
+            continue
+        mapping = _mapping(dirpath)
         for f in files:
             if not f.endswith(".npy"):
                 continue
-            m = NAME.match(f)
-            assert m, f"unparsable dump file name: {f}"
+            m = NAME.match(mapping.get(f, f))
+            assert m, f"unparsable dump file name: {mapping.get(f, f)}"
             out.append(DumpFile(os.path.join(dirpath, f), int(rel[0][5:]), rel[1], int(rel[2]), int(rel[3]),
                                 m["op_type"], m["op_name"], int(m["task"]), int(m["stream"]), int(m["ts"]),
                                 m["io"], int(m["slot"]), m["fmt"], m["dtype"]))

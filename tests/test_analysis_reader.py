@@ -218,3 +218,52 @@ def test_mindspore_statistic_dump_with_sanitized_names_and_shared_line_notes(tmp
     from opdump.analysis.overflow import find_overflow
     rep = find_overflow(d, progress=False)
     assert rep.origin.op == "Default/Add-op0" and rep.origin.kind == "input"
+
+
+# ---------------------------------------------------------------------- each iteration's own order
+def _write_iteration(root, iteration, names, timestamps, order=None):
+    """An iteration folder with one output file per operator (written with numpy, names
+    built by hand), and optionally its own execution-order CSV."""
+    d = root / "rank_0" / "Net" / "0" / str(iteration)
+    d.mkdir(parents=True)
+    for i, (name, ts) in enumerate(zip(names, timestamps)):
+        op_type = name.rsplit("/", 1)[1].rsplit("-op", 1)[0]
+        np.save(d / f"{op_type}.{sanitize(name)}.0.0.{ts}.output.0.DefaultFormat.Float32.npy",
+                np.full(2, float(i), np.float32))
+    if order is not None:
+        (d / "ms_execution_order_graph_0.csv").write_text(
+            "NodeExecutionOrder-FullNameWithScope\n" + "".join(n + "\n" for n in order))
+
+
+def test_records_follow_each_iterations_own_execution_order(tmp_path):
+    """Iteration 1 took a branch (an extra operator first), so every later operator has a
+    name iteration 0 never had.  Their timestamps cross a 1000-microsecond boundary: ordering
+    by timestamp digits put ``exp`` before ``mul``; the iteration's own order is right."""
+    it0 = ["Default/M/relu-op0", "Default/M/mul-op1", "Default/M/exp-op2", "Default/M/sum-op3"]
+    it1 = ["Default/M/relu-op0", "Default/M/where-op1", "Default/M/mul-op2", "Default/M/exp-op3",
+           "Default/M/sum-op4"]
+    (tmp_path / "rank_0" / "execution_order").mkdir(parents=True)
+    (tmp_path / "rank_0" / "execution_order" / "ms_execution_order_graph_0.csv").write_text(
+        "NodeExecutionOrder-FullNameWithScope\n" + "".join(n + "\n" for n in it0))
+    _write_iteration(tmp_path, 0, it0, [1000, 1100, 1200, 1300], order=it0)
+    _write_iteration(tmp_path, 1, it1, [1990, 1995, 1998, 2003, 2004], order=it1)
+    d = open_dump(tmp_path)
+    rec = d.records()
+    assert list(rec[rec["iteration"] == 1]["op"]) == it1          # before: relu, exp, sum, where, mul
+    assert list(rec[rec["iteration"] == 0]["op"]) == it0
+    # the operators only iteration 1 ran are operators of the graph
+    assert {o.full_name for o in d.graph(0).ops} == set(it0) | set(it1)
+    assert d.op_info("Default/M/where-op1") is not None
+    # without per-iteration orders, unknown operators follow their timestamps (not their digits)
+    (tmp_path / "rank_0" / "Net" / "0" / "1" / "ms_execution_order_graph_0.csv").unlink()
+    rec = open_dump(tmp_path).records()
+    assert list(rec[rec["iteration"] == 1]["op_file"]) == [sanitize(n) for n in it1]
+
+
+def test_tensor_files_is_a_list_as_the_readme_shows(tmp_path):
+    make_dump(tmp_path / "d")
+    d = open_dump(tmp_path / "d")
+    files = d.tensor_files()
+    assert isinstance(files, list) and files
+    assert files[0].load().shape == files[0].shape
+    assert d.tensor_files(iteration=1) and all(t.iteration == 1 for t in d.tensor_files(iteration=1))

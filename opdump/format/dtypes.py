@@ -11,8 +11,10 @@ Guarantees:
   the table does not know the same CamelCase style (``torch.foo_bar`` -> ``FooBar``).
 * :func:`torch_name` inverts it for every name in :data:`MINDSPORE_NAMES`.
 * :func:`stored_as` names the torch dtype a tensor is saved as: bfloat16 and the
-  float8 types as float32, complex32 as complex64, int4 as int8, uint1 as uint8
-  (each exact); everything else as itself.
+  float8 types as float32, complex32 as complex64 (converted, exact); the sub-byte
+  integers (``int1``-``int7``, ``uint1``-``uint7``) as int8/uint8 and the packed types
+  (``bits*``, ``float4_e2m1fn_x2``) as uint8 (their bytes viewed, exact); everything
+  else as itself.
 """
 from __future__ import annotations
 
@@ -27,16 +29,23 @@ MINDSPORE_NAMES: Dict[str, str] = {
     "complex32": "Complex32", "complex64": "Complex64", "complex128": "Complex128",
     "float8_e4m3fn": "Float8E4M3FN", "float8_e5m2": "Float8E5M2",
     "float8_e4m3fnuz": "Float8E4M3FNUZ", "float8_e5m2fnuz": "Float8E5M2FNUZ",
-    "float8_e8m0fnu": "Float8E8M0FNU", "int4": "Int4", "uint1": "UInt1",
+    "float8_e8m0fnu": "Float8E8M0FNU", "float4_e2m1fn_x2": "Float4E2M1FNX2", "int4": "Int4", "uint1": "UInt1",
 }
 _TORCH_NAMES = {v: k for k, v in MINDSPORE_NAMES.items()}
 
-#: torch dtype name -> the torch dtype name its ``.npy`` holds (numpy cannot hold the key)
+#: torch dtype name -> the torch dtype name its ``.npy`` holds (numpy cannot hold the key):
+#: converted value by value, exactly (every value of the key is one of the target's)
 STORED_AS: Dict[str, str] = {
     "bfloat16": "float32", "complex32": "complex64",
     "float8_e4m3fn": "float32", "float8_e5m2": "float32", "float8_e4m3fnuz": "float32",
     "float8_e5m2fnuz": "float32", "float8_e8m0fnu": "float32",
-    "int4": "int8", "uint1": "uint8",
+}
+#: torch dtype name -> the one-byte dtype whose *bits* its ``.npy`` holds (a view, not a
+#: conversion: torch keeps the sub-byte integers one per byte, so their values are exact;
+#: packed types keep their packed bytes)
+VIEWED_AS: Dict[str, str] = {
+    **{f"int{n}": "int8" for n in range(1, 8)}, **{f"uint{n}": "uint8" for n in range(1, 8)},
+    **{b: "uint8" for b in ("bits1x8", "bits2x4", "bits4x2", "bits8", "bits16", "float4_e2m1fn_x2")},
 }
 
 _CACHE: Dict[object, str] = {}
@@ -63,9 +72,10 @@ def torch_name(name: str) -> Optional[str]:
 
 
 def stored_as(dtype) -> str:
-    """The torch dtype name a tensor of ``dtype`` is saved as in its ``.npy``."""
+    """The torch dtype name a tensor of ``dtype`` is saved as in its ``.npy`` (converted per
+    :data:`STORED_AS` or bit-viewed per :data:`VIEWED_AS`)."""
     raw = _torch_attr(dtype)
-    return STORED_AS.get(raw, raw)
+    return STORED_AS.get(raw) or VIEWED_AS.get(raw) or raw
 
 
 def is_float_dtype(name: Optional[str]) -> bool:

@@ -39,7 +39,7 @@ def file_stem(op_type: str, op_name: str) -> str:
 
 
 # ---------------------------------------------------------------- full names
-_OPID_RE = re.compile(r"^(?P<type>.+?)-op(?P<id>\d+)$")
+_OPID_RE = re.compile(r"(?P<type>.+?)-op(?P<id>\d+)\Z", re.S)
 
 
 def full_name(scope: str, op_type: str, index: int) -> str:

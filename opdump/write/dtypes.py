@@ -12,7 +12,7 @@ from typing import Dict
 import numpy as np
 import torch
 
-from ..format.dtypes import dtype_name, stored_as
+from ..format.dtypes import VIEWED_AS, dtype_name, stored_as
 
 __all__ = ["dtype_name", "storage_dtype", "to_numpy"]
 
@@ -28,8 +28,11 @@ def storage_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def to_numpy(tensor: torch.Tensor) -> np.ndarray:
-    """Exact numpy copy/view of a CPU tensor, converted per :func:`storage_dtype`."""
+    """Exact numpy copy/view of a CPU tensor, converted or bit-viewed per :func:`storage_dtype`."""
     target = storage_dtype(tensor.dtype)
     if target is not tensor.dtype:
-        tensor = tensor.to(target)
+        if str(tensor.dtype)[6:] in VIEWED_AS:
+            tensor = tensor.view(target)
+        else:
+            tensor = tensor.to(target)
     return tensor.detach().resolve_conj().resolve_neg().numpy()
