@@ -39,9 +39,10 @@ STAT_HEADER = {"max": "Max Value", "min": "Min Value", "avg": "Avg Value", "coun
 
 
 def sanitize(name: str) -> str:
-    for ch in "./\\ ":
+    """The documented file-name rule (docs/design.md, "Names"), written out independently."""
+    for ch in './\\ :*?"<>|' + "".join(map(chr, range(32))) + "\x7f":
         name = name.replace(ch, "_")
-    return name
+    return name or "_"
 
 
 class Op:
