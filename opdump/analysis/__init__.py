@@ -5,6 +5,12 @@ Lazy imports keep ``import opdump.analysis`` cheap; pandas is only needed here.
 from __future__ import annotations
 
 from .reader import Dump, DumpError, load_statistics, open_dump
+# Imported here, not lazily: a function named like its module (``locate``, ``watch``) must be
+# bound after the module is, or ``from opdump.analysis import locate`` hands out the module
+# once anything has imported ``opdump.analysis.locate``.  These need no pandas.
+from .locate import locate
+from .overflow import find_overflow
+from .watch import Condition, watch
 
 load = open_dump
 
@@ -13,18 +19,10 @@ __all__ = ["Dump", "DumpError", "open_dump", "load", "load_statistics",
 
 
 def __getattr__(name):  # lazy access to the job modules
-    if name == "locate":
-        from .locate import locate
-        return locate
-    if name == "find_overflow":
-        from .overflow import find_overflow
-        return find_overflow
     if name == "compare":
         from .compare import compare
+        globals()["compare"] = compare      # over the package attribute the import just set
         return compare
-    if name in ("watch", "Condition"):
-        from . import watch as _w
-        return getattr(_w, name)
     if name == "write_html_report":
         from .report import write_html_report
         return write_html_report

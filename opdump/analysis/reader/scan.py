@@ -162,6 +162,10 @@ def load_graph_ops(g: Graph) -> None:
             if o.index is None:
                 o.index = i
                 ordered.append(o)
+        for o in ops:       # listed but not in the graph's order: an eager operator of a later iteration
+            if o.index is None:
+                o.index = len(ordered)
+                ordered.append(o)
         g.ops = ordered
     else:
         for i, o in enumerate(ops):
