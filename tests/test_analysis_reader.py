@@ -267,3 +267,25 @@ def test_tensor_files_is_a_list_as_the_readme_shows(tmp_path):
     assert isinstance(files, list) and files
     assert files[0].load().shape == files[0].shape
     assert d.tensor_files(iteration=1) and all(t.iteration == 1 for t in d.tensor_files(iteration=1))
+
+
+def test_demo_reads_its_dump_through_the_reader(tmp_path):
+    """``opdump demo`` (a real run, in a subprocess) summarises its dump with the reader:
+    the per-iteration tensor counts it prints are the files on disk, and it finds the
+    operators of ``x = self.conv3(x)`` (forward and backward)."""
+    import subprocess
+    import sys
+    out = tmp_path / "demo"
+    proc = subprocess.run([sys.executable, "-m", "opdump", "demo", "--out", str(out), "--steps", "2",
+                           "--iteration", "0", "--backend", "eager"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = proc.stdout
+    root = out / "dump" / "rank_0" / "AlexNet"
+    rows = [ln.split() for ln in text.splitlines() if ln.strip().startswith("0 ") and len(ln.split()) == 8]
+    assert rows, text
+    for rank, graph, it, ops, params, tensors, stat_rows, size in rows:
+        on_disk = [f for f in os.listdir(root / graph / it) if f.endswith(".npy")]
+        assert int(tensors) == len(on_disk)
+    assert "conv3-Conv2d/convolution-op" in text and "conv3-Conv2d/convolution_backward-op" in text
+    assert "no NaN/Inf found" in text

@@ -2,14 +2,17 @@
 
 Shows the whole loop on a fresh machine with no download: a config is written,
 the model is compiled with opdump's backend (inductor for iterations that do not
-dump), trained with SGD, and the dump is summarised per iteration.
+dump), trained with SGD, and the dump is read back with :mod:`opdump.analysis`
+(summary per iteration, ``locate`` of one line, ``overflow``), the same API the
+analysis commands use; the demo never walks the dump folders itself.
 """
 from __future__ import annotations
 
 import json
 import os
 import time
-from collections import defaultdict
+
+from ..analysis.reader import open_dump
 
 
 def register(sub) -> None:
@@ -70,35 +73,43 @@ def run_demo(args) -> int:
 
 
 def summarise(root: str) -> None:
-    """Per (rank, graph, iteration): operators, files and bytes, from the files themselves."""
-    rows = defaultdict(lambda: [set(), 0, 0])
-    for dirpath, _, files in os.walk(root):
-        parts = os.path.relpath(dirpath, root).split(os.sep)
-        if len(parts) != 4 or not parts[3].isdigit():
-            continue
-        key = (parts[0], parts[2], int(parts[3]))
-        for name in files:
-            row = rows[key]
-            if name.endswith(".npy") and not name.startswith("Parameter."):
-                row[0].add(name.split(".")[1])
-            row[1] += 1
-            row[2] += os.path.getsize(os.path.join(dirpath, name))
-    print(f"{'rank':8} {'graph':>5} {'iter':>5} {'ops':>6} {'files':>6} {'bytes':>12}")
-    for (rank, graph, it), (ops, files, size) in sorted(rows.items()):
-        print(f"{rank:8} {graph:>5} {it:>5} {len(ops):>6} {files:>6} {size:>12,}")
+    """Per (rank, graph, iteration): operators, tensor files, statistic rows and bytes, as the
+    reader sees the dump (:meth:`opdump.analysis.Dump.summary`)."""
+    try:
+        dump = open_dump(root)
+        table = dump.summary()
+    except ModuleNotFoundError as exc:           # pandas: the analysis extra
+        print(f"(no summary: {exc.name} is not installed; pip install 'opdump[analysis]')")
+        return
+    print(f"{'rank':>4} {'graph':>5} {'iter':>9} {'ops':>6} {'params':>6} {'tensors':>7} {'stat rows':>9} {'bytes':>12}")
+    for r in table.itertuples(index=False):
+        print(f"{r.rank:>4} {r.graph:>5} {str(r.iteration):>9} {r.ops:>6} {r.parameters:>6} {r.tensors:>7} "
+              f"{r.stat_rows:>9} {r.bytes:>12,}")
 
 
 def _analyse(root: str) -> None:
-    try:
-        from ..analysis import overflow as _overflow  # noqa: F401
-    except ImportError:
-        return
+    """``opdump locate`` of the line ``x = self.conv3(x)`` and ``opdump overflow``, through the
+    analysis API (what those commands print, in short)."""
     from ..demo import models
-    from .main import main as cli
-    line = next(i for i, text in enumerate(open(models.__file__).read().splitlines(), 1)
-                if "x = self.conv3(x)" in text)
+    try:
+        from ..analysis import find_overflow, locate
+        dump = open_dump(root)
+    except ModuleNotFoundError:
+        return
+    with open(models.__file__, encoding="utf-8") as f:
+        line = next(i for i, text in enumerate(f.read().splitlines(), 1) if "x = self.conv3(x)" in text)
     where = f"{models.__file__}:{line}"
     print(f"\n$ opdump locate {root} {where}      # the operators of `x = self.conv3(x)`")
-    cli(["locate", root, where])
+    hits = locate(dump, where)
+    if not hits:
+        print(f"no operator found for {where!r}")
+    for h in hits:
+        n_files = sum(len(paths) for paths in h.files.values())
+        print(f"{h.op.full_name}\n    type {h.op.op_type}, {h.op.kind}, graph {h.op.graph}, {n_files} files")
     print(f"\n$ opdump overflow {root}")
-    cli(["overflow", root])
+    report = find_overflow(dump, progress=False)
+    if not report.found:
+        print(f"no NaN/Inf found ({report.scanned_tensors} floating tensors scanned)")
+    else:
+        o = report.origin
+        print(f"first NaN/Inf: {o.op} (iteration {o.iteration}, {o.source} {o.code})")
