@@ -25,16 +25,15 @@ def test_seed_model_dump_example(tmp_path):
     f = tmp_path / "acl.json"
     f.write_text(text)
     cfg = load_config(str(f), env={"HOME": str(tmp_path)})
-    layers = ("conv1conv1_relu", "res2a_branch2ares2a_branch2a_relu", "res2a_branch1", "pool1")
-    assert cfg == DumpConfig(path=str(tmp_path / "output"), input_output=2, layers=layers,
-                             model_name="ResNet-101", layout="acl", dialect="acl", source_file=str(f))
+    assert cfg == DumpConfig(path=str(tmp_path / "output"), input_output=2,
+                             layout="acl", dialect="acl", source_file=str(f))
     assert cfg.dump_mode == 0          # ResNet-101 is dumped whole, so no kernel filter
     assert cfg.source_bytes == text.encode()
 
 
 def test_layers_become_kernels_when_every_entry_has_them():
     cfg = load({"dump_path": "/o", "dump_list": [{"model_name": "m", "layer": ["a", "b"]}, {"layer": ["b", "c"]}]})
-    assert (cfg.dump_mode, cfg.kernels, cfg.layers, cfg.model_name) == (1, ("a", "b", "c"), ("a", "b", "c"), "m")
+    assert (cfg.dump_mode, cfg.kernels) == (1, ("a", "b", "c"))
 
 
 def test_single_operator_examples():
@@ -53,13 +52,12 @@ def test_overflow_example_relative_path(tmp_path, monkeypatch):
 def test_watcher_example():
     cfg = load({"dump_list": [{"layer": ["A", "B"], "watcher_nodes": ["C", "D"]}], "dump_path": "/home/",
                 "dump_mode": "output", "dump_scene": "watcher"})
-    assert (cfg.dump_scene, cfg.layers, cfg.watcher_nodes, cfg.dump_mode, cfg.path) == (
-        "watcher", ("A", "B"), ("C", "D"), 0, "/home")
+    assert (cfg.dump_scene, cfg.dump_mode, cfg.path) == ("watcher", 0, "/home")
 
 
 def test_watcher_without_layer_watches_after_every_operator():
     cfg = load({"dump_list": [{"watcher_nodes": ["C"]}], "dump_path": "/o", "dump_scene": "watcher"})
-    assert cfg.layers == () and cfg.watcher_nodes == ("C",)
+    assert cfg.dump_scene == "watcher" and cfg.kernels == ()
 
 
 @pytest.mark.parametrize("mode, io", [("input", 1), ("output", 2), ("all", 0)])
@@ -138,8 +136,7 @@ def test_seed_001_options():
                        dump_data="stats", dump_layer="nodename1 nodename2  nodename3", env={})
     assert cfg == DumpConfig(path="/home/HwHiAiUser/output", iteration=IterationSpec(ranges=((0, 0), (5, 5), (10, 10))),
                              input_output=0, saved_data="statistic", dump_mode=1,
-                             kernels=("nodename1", "nodename2", "nodename3"),
-                             layers=("nodename1", "nodename2", "nodename3"), layout="acl", dialect="options")
+                             kernels=("nodename1", "nodename2", "nodename3"), layout="acl", dialect="options")
 
 
 def test_options_defaults(tmp_path, monkeypatch):

@@ -81,7 +81,6 @@ def parse_acl(dump: Any, env: Mapping[str, str], extra: Mapping[str, Any] = ()) 
     kw["path"] = v.check_path(path, "dump.dump_path", relative_to=os.getcwd())
     layers = _union(e.get("layer", ()) for _, e in entries)
     watched = _union(e.get("watcher_nodes", ()) for _, e in entries)
-    named = [e["model_name"] for _, e in entries if "model_name" in e]
     if kw.get("dump_scene") == "watcher":
         _check_watcher(kw, entries, watched, op_switch)
     else:
@@ -97,8 +96,7 @@ def parse_acl(dump: Any, env: Mapping[str, str], extra: Mapping[str, Any] = ()) 
             kw.update(dump_mode=1, kernels=layers)
     kw.update(extra)
     kw = apply_rules(kw, NAMES)
-    return DumpConfig(layout="acl", dialect="acl", layers=layers, watcher_nodes=watched,
-                      model_name=named[0] if named else "", **kw)
+    return DumpConfig(layout="acl", dialect="acl", **kw)
 
 
 def _check_watcher(kw: Dict[str, Any], entries, watched: Tuple[str, ...], op_switch: str) -> None:

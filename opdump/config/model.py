@@ -52,7 +52,6 @@ class DumpConfig:
     kernels: Tuple[str, ...] = ()
     support_device: Tuple[int, ...] = (0, 1, 2, 3, 4, 5, 6, 7)
     statistic_category: Tuple[str, ...] = DEFAULT_STATISTICS
-    overflow_number: int = 0
     file_format: str = "npy"                    # npy | bin
     # -- e2e_dump_settings
     enable: bool = True
@@ -60,18 +59,15 @@ class DumpConfig:
     stat_calc_mode: str = "host"                # host | device
     device_stat_precision_mode: str = "high"    # high | low
     sample_mode: int = 0
-    sample_num: int = 100
     save_kernel_args: bool = False
     # -- opdump_settings (opdump's own extensions; all optional)
     writer_queue_mb: int = 256                  # bound of bytes waiting to be written
     writer_threads: int = 2
     eager_capture: str = "model"                # model: inside modules/backward/optimizer; all: everything
-    # -- ACL / torchair dialect extras (F24/F25)
+    existing: str = "refuse"                    # a rank folder holding a dump: refuse | new-folder | overwrite
+    # -- ACL / torchair dialect extras (README, "Other dialects"); the session refuses the ACL layout
     layout: str = "mindspore"                   # mindspore | acl
     dump_scene: str = ""                        # "" | "watcher"
-    watcher_nodes: Tuple[str, ...] = ()
-    layers: Tuple[str, ...] = ()                # ACL dump_list layer entries
-    model_name: str = ""                        # ACL dump_list model_name
     # -- provenance
     dialect: str = "mindspore"                  # mindspore | acl | options
     source_file: Optional[str] = None           # the config file, when there was one

@@ -92,7 +92,7 @@ class DumpOptions:
         out["path"] = v.check_path(v.expand_env(path, PREFIX + "dump_path", env), PREFIX + "dump_path",
                                    relative_to=os.getcwd())
         out = apply_rules(out, NAMES)
-        return DumpConfig(layout="acl", dialect="options", layers=layers, **out)
+        return DumpConfig(layout="acl", dialect="options", **out)
 
     def _from_file(self, path: str, enable: Optional[bool], env: Mapping[str, str]) -> DumpConfig:
         defaults = DumpOptions()

@@ -14,17 +14,13 @@ import re
 import string
 from typing import Any, Callable, Dict, Iterable, Mapping, NamedTuple, Optional, Sequence, Tuple
 
+from ..format.statistics import VALID_STATISTICS
 from .errors import ConfigError
-from .model import ALL_STATISTICS
 
 Converter = Callable[[Any, str], Any]
 
 #: the largest integer a config field takes (int64, as MindSpore's parser)
 INT64_MAX = 2 ** 63 - 1
-
-#: opdump's statistics beyond MindSpore's (max/min over the finite elements only).
-EXTRA_STATISTICS = ("finite max", "finite min")
-VALID_STATISTICS = ALL_STATISTICS + EXTRA_STATISTICS
 
 #: Characters allowed in a dump path: MindSpore's set (letters, digits, ``-``, ``_``, ``/``) plus ``.``.
 PATH_CHARS = frozenset(string.ascii_letters + string.digits + "_-./")
@@ -36,11 +32,16 @@ DIAGNOSTIC_ENV = ("OPDUMP_DIAGNOSTIC_DATA_PATH", "MS_DIAGNOSTIC_DATA_PATH")
 REGEX_PREFIX, REGEX_SUFFIX = "name-regex(", ")"
 
 
+#: a :class:`Field`'s ``attr`` for a field that is checked but not kept (no DumpConfig attribute
+#: reads it: the feature it configures is refused, e.g. ``overflow_number``, ``sample_num``)
+CHECK_ONLY = "-"
+
+
 class Field(NamedTuple):
     """One config field: how to convert it and which DumpConfig attribute gets it."""
 
     conv: Converter
-    attr: Optional[str] = None          # None: same name as the JSON key
+    attr: Optional[str] = None          # None: same name as the JSON key; CHECK_ONLY: not kept
 
 
 # ---------------------------------------------------------------- generic helpers
@@ -76,7 +77,9 @@ def apply_table(section: Mapping[str, Any], table: Mapping[str, Field], prefix: 
     out: Dict[str, Any] = {}
     for key, spec in table.items():
         if key in section:
-            out[spec.attr or key] = spec.conv(section[key], prefix + key)
+            value = spec.conv(section[key], prefix + key)
+            if spec.attr != CHECK_ONLY:
+                out[spec.attr or key] = value
     return out
 
 
