@@ -33,12 +33,12 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .common import CHUNK_ELEMS, is_float_row, is_garbage, iter_chunks, progress_bar
+from .common import is_float_row, is_garbage, iter_chunks, progress_bar
 from .reader import Dump, load_array
 
 __all__ = ["Condition", "WatchHit", "watch", "CONDITIONS"]

@@ -7,7 +7,7 @@ import os
 import re
 import sysconfig
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 
 class cached_property:

@@ -11,7 +11,6 @@ returns the exit code:
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -106,6 +105,9 @@ def cmd_ls(args) -> int:
                                                                       "torch_version", "device_name"))
         saved = (r.data_dump.get("common_dump_settings") or {}).get("saved_data") if r.data_dump else None
         state = {True: "complete", False: "INCOMPLETE", None: "no manifest"}[r.complete]
+        if r.complete is False:
+            from ..write.manifest import describe
+            state += describe(r.manifest, str(r.path))
         print(f"rank {rid}: {who or 'no config.json'}; saved_data={saved or '?'}; {state}; "
               f"graphs {sorted(r.graphs)}")
     if args.ops:

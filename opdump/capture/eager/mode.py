@@ -68,53 +68,21 @@ Decisions (README-ready):
 from __future__ import annotations
 
 import warnings
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from ..naming import backward_scope
-from ..op_info import OpInfo
+from .dispatch import OperatorPath, _DumpMode
 from .parameters import index_parameters, parameters_to_dump
-from .schema import facts_of
-from .scopes import ScopeTracker, _scope_of, display_class, is_compiled_wrapper
-from .sources import walk
-from .state import TOP, IterationState, Listing, Phase
-from .values import arg_text, flat_tensors, has_nonfinite_arg, meta, non_tensor_args, output_slots, tensors_at
+from .scopes import ScopeTracker, display_class, is_compiled_wrapper
+from .state import IterationState, Listing
 
-_current_node = torch._C._current_autograd_node
-_get_sequence_nr = torch.autograd._get_sequence_nr
 _is_compiling = torch.compiler.is_compiling
-_ACCUMULATE = "torch::autograd::AccumulateGrad"
 _GLOBAL_HOOK_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"
 
 
-class _DumpMode(TorchDispatchMode):
-    """The dispatch mode; everything but the not-dumping fast path is in :class:`EagerCapture`."""
-
-    def __init__(self, capture: "EagerCapture"):
-        super().__init__()
-        self.capture = capture
-        self.session = capture.session
-
-    @classmethod
-    def ignore_compile_internals(cls) -> bool:
-        # torch.compile keeps compiling with this mode on the stack (a mode that does not
-        # ignore compile internals makes Dynamo skip every frame).
-        return True
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        cap = self.capture
-        if cap._checked != self.session.iteration:
-            cap._refresh()
-        if cap._unsettled:
-            cap._settle()
-        if not cap._dumping or cap._internal:
-            return func(*args, **kwargs) if kwargs else func(*args)
-        return cap._dispatch(func, args, kwargs or {})
-
-
-class EagerCapture:
+class EagerCapture(OperatorPath):
     """Dump eager operators of ``session`` (default: the current session)."""
 
     def __init__(self, session=None, root_modules: Optional[Iterable[torch.nn.Module]] = None):
@@ -370,169 +338,3 @@ class EagerCapture:
     def _optimizer_post(self, optimizer, args, kwargs) -> None:
         if not _is_compiling() and self._optimizers:
             self._optimizers.pop()
-
-    # ------------------------------------------------------------------ operators
-    def _settle(self) -> None:
-        """The in-place operator whose outputs were recorded last has returned (autograd
-        bumped their versions after the mode): their recordings take the new version."""
-        tensors, self._unsettled = self._unsettled, []
-        settle = self.session.recorder.settle
-        for t in tensors:
-            settle(t)
-
-    def _backward_scope(self, state: IterationState, node) -> Tuple[str, Tuple[str, ...], Tuple]:
-        """Scope, module ids and source lines of the forward operator a backward node belongs to."""
-        info = state.seq.get(node._sequence_nr())
-        if info is None and node.name() == _ACCUMULATE:
-            var = getattr(node, "variable", None)
-            owner = state.owners.get(id(var)) if var is not None else None
-            if owner is not None:
-                module_id, pairs, root = owner
-                info = state.modules.get(module_id) or (_scope_of(pairs, root), ())
-                info = (info[0], info[1], ())
-        if info is None:
-            info = TOP
-        return backward_scope(info[0]), info[1], info[2]
-
-    def _phase(self, state: IterationState, node) -> Optional[Phase]:
-        """Where the operator runs; None when the capture leaves it alone."""
-        if node is not None:
-            return None if node.name().startswith("CompiledFunction") else Phase.BACKWARD
-        if self._optimizers:
-            return Phase.OPTIMIZER
-        if self.tracker.stack:
-            return Phase.MODULE
-        if self.capture_all:
-            return Phase.OUTSIDE
-        state.seq.setdefault(_get_sequence_nr() - 1, TOP)
-        return None
-
-    def _dispatch(self, func, args, kwargs):
-        state = self._state
-        if state is None:
-            return func(*args, **kwargs)
-        node = _current_node()
-        phase = self._phase(state, node)
-        if phase is None:
-            return func(*args, **kwargs)
-        facts = facts_of(func)
-        if facts.types is None:
-            return func(*args, **kwargs)
-        first = state.first
-        if phase is Phase.BACKWARD and not first:
-            # a backward operator's compiled region is its node (checked above), and it shows
-            # its forward operator's lines: no stack walk
-            sources = ()
-        else:
-            compiled, sources = walk(2, first)      # (this frame and the mode's skipped)
-            if compiled:
-                return func(*args, **kwargs)
-        if phase is Phase.MODULE:
-            top = self.tracker.stack[-1]
-            scope, ids = top.scope, top.ids
-        elif phase is Phase.BACKWARD:
-            scope, ids, forward_sources = self._backward_scope(state, node)
-            sources = forward_sources or sources
-        elif phase is Phase.OPTIMIZER:
-            scope, ids = f"Default/optimizer-{self._optimizers[-1]}", ()
-        else:
-            scope, ids = TOP[0], TOP[1]
-        index = state.n
-        state.n = index + 1
-        op_type, overload = facts.types
-        op = OpInfo(index, op_type, scope, overload, ids, sources)
-        name = op.full_name
-        listed = self.listing.ops.get(name)
-        describe = listed is None
-        if describe:
-            if not first and not sources:
-                sources = op.source = walk(2, True)[1]
-            op.nonfinite_args = has_nonfinite_arg(args, kwargs)
-        else:
-            sources = listed.source
-            if not listed.nonfinite_args and has_nonfinite_arg(args, kwargs):
-                listed.nonfinite_args = True        # seen in a later iteration: the listing says so
-                self.listing.dirty = True
-        if phase <= Phase.MODULE:
-            state.seq.setdefault(_get_sequence_nr() - 1, (scope, ids, sources))
-        state.names.append(name)
-        return self._run(state, op, describe, func, args, kwargs, facts)
-
-    def _run(self, state: IterationState, op: OpInfo, describe: bool, func, args, kwargs, facts):
-        """Run a captured operator: its inputs recorded before, its outputs after."""
-        selected = True if self._select_all else self._select(op)
-        op.selected = selected
-        kernel_args = selected and self._kernel_args
-        if describe or kernel_args:
-            op.args = non_tensor_args(func, args, kwargs)
-        recorder = self.session.recorder
-        dump_in = selected and self._dump_in
-        inputs = flat_tensors(args, []) if (dump_in or describe) else ()
-        if kwargs and (dump_in or describe):
-            flat_tensors(kwargs.values(), inputs)
-        if selected:
-            folder = state.folder or self._folder(state)
-            if dump_in and inputs:
-                recorder.record_all(folder, op, "input", self._on_allowed_devices(inputs))
-            if kernel_args:
-                recorder.record_kernel_args(folder, op)
-        out = func(*args, **kwargs)
-        written = ()
-        if selected and facts.writes:      # its arguments changed: recorded copies/statistics are stale
-            written = tensors_at(args, kwargs, facts.written)
-            # ``_foreach_*`` ops do not bump version counters under a dispatch mode, so views
-            # of what they wrote are not guarded: forget every argument, as the safe side
-            for t in (flat_tensors(args, flat_tensors(kwargs.values(), [])) if facts.writes_list else written):
-                recorder.forget(t)
-        dump_out = selected and self._dump_out
-        if dump_out or describe:
-            outputs = tensors_at(args, kwargs, facts.mutated) if facts.mutated else output_slots(out)
-            if dump_out:
-                if outputs:
-                    recorder.record_all(state.folder or self._folder(state), op, "output",
-                                        self._on_allowed_devices(outputs))
-                if written:
-                    self._unsettled = written
-            if describe:
-                self._describe(op, args, kwargs, inputs, outputs)
-        if describe:
-            self.listing.add(op)
-        return out
-
-    def _on_allowed_devices(self, tensors: List[Optional[torch.Tensor]]) -> List[Optional[torch.Tensor]]:
-        """``tensors``, with None in the slots of tensors on devices ``support_device`` excludes."""
-        for t in tensors:
-            if t is not None and not t.is_cpu:
-                allowed = self.session.device_allowed
-                return [t if t is None or t.is_cpu or allowed(t.device) else None for t in tensors]
-        return tensors
-
-    def _select(self, op: OpInfo) -> bool:
-        selector = self.session.selector
-        if selector.mode != 1:
-            return selector.select(op)
-        name = op.full_name
-        hit = self._selected.get(name)
-        if hit is None:
-            if len(self._selected) > 1_000_000:
-                self._selected.clear()
-            hit = self._selected[name] = selector.select(op)
-        return hit
-
-    def _describe(self, op: OpInfo, args, kwargs, inputs, outputs) -> None:
-        """Shapes, dtypes and the argument text of ``op`` for the listing."""
-        op.input_meta = [meta(t) for t in inputs]
-        op.output_meta = [meta(t) for t in outputs if t is not None]
-        op.node_name = op.op_type
-        producers = self.listing.producers
-        text = ", ".join(arg_text(a, producers) for a in args)
-        if kwargs:
-            text += "".join(f", {k}={arg_text(v, producers)}" for k, v in kwargs.items())
-        op.arg_text = text.lstrip(", ")
-        if len(outputs) == 1:
-            if outputs[0] is not None:
-                producers[outputs[0]] = f"%{op.index}"
-        else:
-            for k, t in enumerate(outputs):
-                if t is not None:
-                    producers[t] = f"%{op.index}[{k}]"
