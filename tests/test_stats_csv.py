@@ -82,7 +82,7 @@ def test_control_characters_stay_on_one_line(tmp_path):
     StatisticCsv(str(p), CATS).append_rows([row(op_name="a\nb\x00c\u2028d"), row()])
     data = p.read_bytes()
     assert b"\x00" not in data and data.count(b"\n") == 3
-    assert read(str(p))[1][1] == "a\\x0ab\\x00c\\u2028d"
+    assert read(str(p))[1][1] == "a\\nb\\x00c\\u2028d"
 
 
 def test_wrong_width_is_rejected(tmp_path):
