@@ -2,8 +2,9 @@
 
 The names, ``statistic.csv`` columns and value kinds are :mod:`opdump.format.statistics`
 (the one table, docs/design.md "Statistics columns"); this module only adds, per
-category, the host reducer (:mod:`opdump.stats.host`) and the device function
-(:mod:`opdump.stats.device`, None when the category needs the host: ``md5``).
+category, the host reducer (:data:`opdump.stats.host.REDUCERS`) and the device function
+(:mod:`opdump.stats.reductions`, None when the category needs the host: ``md5``).
+Neither of those imports this module: the import graph has no cycle.
 """
 from __future__ import annotations
 
@@ -12,19 +13,12 @@ from typing import Callable, Dict, Optional
 
 from ..format import statistics as _fmt
 from ..format.statistics import BASE_HEADER, EXTENSIONS, statistic_columns, statistic_header
-from . import device as _d
 from . import host as _h
+from . import reductions as _d
 
 __all__ = ["Category", "CATEGORIES", "BASE_HEADER", "EXTENSIONS", "lookup", "statistic_columns",
            "statistic_header", "device_capable"]
 
-_HOST = {
-    "max": _h.MAX, "min": _h.MIN, "avg": _h.AVG, "count": _h.COUNT,
-    "negative zero count": _h.NEGATIVE_COUNT, "positive zero count": _h.POSITIVE_COUNT,
-    "nan count": _h.NAN_COUNT, "negative inf count": _h.NEG_INF_COUNT, "positive inf count": _h.POS_INF_COUNT,
-    "zero count": _h.ZERO_COUNT, "md5": _h.MD5, "l2norm": _h.L2NORM,
-    "finite max": _h.FINITE_MAX, "finite min": _h.FINITE_MIN,
-}
 _DEVICE = {
     "max": _d.d_max, "min": _d.d_min, "avg": _d.d_avg, "count": _d.d_count,
     "negative zero count": _d.d_negative_count, "positive zero count": _d.d_positive_count,
@@ -49,7 +43,7 @@ class Category:
 
 #: name -> Category, in the format table's order (every name of the table is bound)
 CATEGORIES: Dict[str, Category] = {
-    c.name: Category(c.name, c.column, c.kind, _HOST[c.name], _DEVICE.get(c.name)) for c in _fmt.TABLE
+    c.name: Category(c.name, c.column, c.kind, _h.REDUCERS[c.name], _DEVICE.get(c.name)) for c in _fmt.TABLE
 }
 
 

@@ -69,6 +69,7 @@ import numpy as np
 import torch
 
 from . import native
+from .categories import lookup
 from .contract import F_MAX, F_MIN, F_NUMEL, F_SUM, F_SUMSQ
 from .host import supported_dtype
 from .memory import gathered as _gathered, memory_key as _memory_key, memory_order, tensor_version  # noqa: F401
@@ -113,8 +114,6 @@ class DeviceStatsBatch:
     """
 
     def __init__(self, categories: Sequence[str], precision: str = "high", *, cpu_kernel: bool = True):
-        from .categories import lookup        # categories imports this module
-
         if precision not in PRECISIONS:
             raise ValueError(f"device_stat_precision_mode must be one of {PRECISIONS}, got {precision!r}")
         cats = [lookup(c) for c in categories]

@@ -44,6 +44,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
+from ..format.statistics import lookup
+from .formatting import format_cell
+
 #: elements per chunk: 256 Ki elements = 1 MiB of float32, 2 MiB as float64
 CHUNK_ELEMENTS = 1 << 18
 
@@ -199,6 +202,14 @@ NEG_INF_COUNT = _count(lambda v: v == -np.inf, floats_only=True)
 POS_INF_COUNT = _count(lambda v: v == np.inf, floats_only=True)
 MD5 = Reducer(hashlib.md5, _md5_update, lambda h, n: h.hexdigest(), needs_raw=True)
 
+#: statistic category name (opdump.format.statistics) -> its host reducer
+REDUCERS: Dict[str, Reducer] = {
+    "max": MAX, "min": MIN, "avg": AVG, "count": COUNT,
+    "negative zero count": NEGATIVE_COUNT, "positive zero count": POSITIVE_COUNT, "nan count": NAN_COUNT,
+    "negative inf count": NEG_INF_COUNT, "positive inf count": POS_INF_COUNT, "zero count": ZERO_COUNT,
+    "md5": MD5, "l2norm": L2NORM, "finite max": FINITE_MAX, "finite min": FINITE_MIN,
+}
+
 
 # --------------------------------------------------------------------------- driver
 def _host_view(t: torch.Tensor) -> torch.Tensor:
@@ -277,9 +288,6 @@ def reduce_tensor(tensor: torch.Tensor, reducers: Sequence[Reducer],
 
 def host_statistics(tensor: torch.Tensor, categories: Sequence[str]) -> List[str]:
     """Formatted statistic.csv cells of ``tensor`` (a CPU tensor) for ``categories``, in order."""
-    from .categories import lookup            # categories imports this module
-    from .formatting import format_cell
-
-    cats = [lookup(c) for c in categories]
-    values = reduce_tensor(tensor, [c.host for c in cats])
+    cats = [lookup(c) for c in categories]    # names and kinds: the format's table
+    values = reduce_tensor(tensor, [REDUCERS[c.name] for c in cats])
     return [format_cell(c.kind, v, tensor.dtype) for c, v in zip(cats, values)]
