@@ -38,6 +38,32 @@ def file_stem(op_type: str, op_name: str) -> str:
     return f"{sanitize(op_type)}.{sanitize(op_name)}"
 
 
+# ---------------------------------------------------------------- text files
+# C0 and C1 control characters, DEL, and the Unicode line/paragraph separators
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(m: "re.Match[str]") -> str:
+    ch = m.group(0)
+    if ch in _SHORT:
+        return _SHORT[ch]
+    code = ord(ch)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with every control character (C0, C1, DEL, U+2028, U+2029) written as the
+    backslash escape Python's ``repr`` uses (``\\n``, ``\\x00``, ``\\u2028``).
+
+    Why: a module may be registered under any string; a newline or NUL in a name would
+    split a line of the execution order or put a raw NUL into ``statistic.csv``.  Dynamo
+    hands graph capture module names in this form already, so eager and graph mode name a
+    module alike.  Guarantees: the result holds no line break; ordinary names are
+    returned unchanged."""
+    return _CONTROLS.sub(_escape, text) if _CONTROLS.search(text) else text
+
+
 # ---------------------------------------------------------------- full names
 _OPID_RE = re.compile(r"(?P<type>.+?)-op(?P<id>\d+)\Z", re.S)
 

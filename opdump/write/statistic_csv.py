@@ -34,8 +34,8 @@ import os
 import threading
 from typing import TYPE_CHECKING, Iterable, List, Optional, Sequence
 
-from .text import escape_controls
-from ..stats.categories import statistic_header
+from ..format.names import escape_controls
+from ..format.statistics import statistic_header
 from ..stats.formatting import format_shape
 
 if TYPE_CHECKING:
