@@ -141,6 +141,9 @@ def test_iterations_beyond_int64_are_refused():
             load_config_dict(cfg, file=FILE, env=ENV)
     with pytest.raises(ConfigError, match="dump_step"):
         from_options(env=ENV, dump_step="1-" + "9" * 5000)
+    cfg = dict(MINDSPORE, common_dump_settings=dict(MINDSPORE["common_dump_settings"],
+                                                    iteration="0" * 5000 + "7|" + "0" * 6000))
+    assert load_config_dict(cfg, file=FILE, env=ENV).iteration.ranges == ((0, 0), (7, 7))
     cfg = dict(MINDSPORE, common_dump_settings=dict(MINDSPORE["common_dump_settings"], iteration=str(2 ** 63 - 1)))
     assert load_config_dict(cfg, file=FILE, env=ENV).iteration.ranges == ((2 ** 63 - 1, 2 ** 63 - 1),)
 
@@ -175,3 +178,18 @@ def test_opdump_run_prints_one_line_for_a_hostile_config(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert "ran" not in proc.stdout and "Traceback" not in proc.stderr
     assert len([ln for ln in proc.stderr.splitlines() if ln.strip()]) == 1, proc.stderr
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.from_regex(r"[0-9|\- \tal]{0,40}", fullmatch=True) | st.text(max_size=30)
+       | st.lists(st.integers(min_value=0, max_value=10 ** 25), min_size=1, max_size=4).map(
+           lambda xs: "|".join(map(str, xs))))
+def test_any_iteration_text_parses_or_is_one_config_error(text):
+    from opdump.config.iteration import parse_iteration
+    try:
+        spec = parse_iteration(text)
+    except ConfigError as err:
+        assert "\n" not in str(err)
+        return
+    assert spec.all or all(0 <= lo <= hi <= 2 ** 63 - 1 for lo, hi in spec.ranges)
+    assert parse_iteration(str(spec)) == spec

@@ -55,9 +55,10 @@ def _parse_token(token: str, text: str, field: str, several: bool) -> Tuple[int,
             what = "a range needs numbers on both sides of '-'" if len(parts) == 2 else "expected a number"
             raise ConfigError(field, text, f"{what}{where}")
     for part in parts:
-        if len(part.lstrip("0")) > len(str(MAX_ITERATION)) or int(part) > MAX_ITERATION:
+        digits = part.lstrip("0") or "0"       # int() refuses over 4300 characters, zeros included
+        if len(digits) > len(str(MAX_ITERATION)) or int(digits) > MAX_ITERATION:
             raise ConfigError(field, text, f"iteration numbers go up to {MAX_ITERATION} (int64){where}")
-    lo, hi = int(parts[0]), int(parts[-1])
+    lo, hi = int(parts[0].lstrip("0") or "0"), int(parts[-1].lstrip("0") or "0")
     if lo > hi:
         raise ConfigError(field, text, f"range start {lo} is after end {hi}{where}")
     return lo, hi
