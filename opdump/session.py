@@ -80,6 +80,21 @@ def current_session(create: bool = True) -> Optional["Session"]:
     return active.current(create)
 
 
+class HookHandle:
+    """Removes one hook of a session (like torch's ``RemovableHandle``)."""
+
+    __slots__ = ("_hooks", "_hook")
+
+    def __init__(self, hooks: list, hook: Callable):
+        self._hooks, self._hook = hooks, hook
+
+    def remove(self) -> None:
+        try:
+            self._hooks.remove(self._hook)
+        except ValueError:
+            pass
+
+
 class Session:
     """Owns one dump: ``with Session("data_dump.json") as s: … s.step()``."""
 
@@ -253,11 +268,15 @@ class Session:
             self._on_disk_through = through
         self._write_manifest(complete=False)
 
-    def on_iteration_end(self, hook: Callable[[int], None]) -> None:
+    def on_iteration_end(self, hook: Callable[[int], None]) -> "HookHandle":
+        """Call ``hook(iteration)`` at the end of every iteration; ``.remove()`` on the result undoes it."""
         self._iteration_end_hooks.append(hook)
+        return HookHandle(self._iteration_end_hooks, hook)
 
-    def on_close(self, hook: Callable[[], None]) -> None:
+    def on_close(self, hook: Callable[[], None]) -> "HookHandle":
+        """Call ``hook()`` when the session closes; ``.remove()`` on the result undoes it."""
         self._close_hooks.append(hook)
+        return HookHandle(self._close_hooks, hook)
 
     def enter_forward(self, key) -> None:
         """A dumped model's forward graph (or eager root call) starts: counts iterations
