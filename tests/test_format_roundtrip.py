@@ -202,3 +202,14 @@ def test_listing_ir_and_json_parse_back():
     assert [(o["full_name"], o["op_type"], o["scope"]) for o in jops] == [(o.full_name, o.op_type, o.scope)
                                                                            for o in ops]
     assert jops[0]["sources"][0].line == 12 and jops[0]["args"] == {"dim": "1"}
+
+
+@settings(max_examples=200, deadline=None)
+@given(TEXT)
+def test_escaped_names_stay_on_one_line_of_every_text_file(name):
+    escaped = fn.escape_controls(name)
+    assert len(escaped.splitlines()) <= 1 and "\x00" not in escaped
+    if escaped == name:
+        assert not any(ch in name for ch in "\n\r\x00\u2028")
+    full = fn.full_name("Default/" + escaped, "add", 1)
+    assert fl.parse_execution_order(fl.render_execution_order([full])) == [full.strip()]
