@@ -41,7 +41,7 @@ gather.  Other categories, dtypes, layouts and devices use
 the torch reductions below.
 
 Every statistic is invariant under a reordering of the elements, so tensors are
-reduced in memory order (:func:`memory_order`), and a tensor reading exactly the
+reduced in memory order (:func:`.memory.memory_order`), and a tensor reading exactly the
 memory of one already added to the batch reuses its values (:meth:`DeviceStatsBatch.add`).
 
 Stages: :mod:`.memory` (which memory a tensor reads, reuse keys), :mod:`.reductions`
@@ -72,10 +72,9 @@ from . import native
 from .categories import lookup
 from .contract import F_MAX, F_MIN, F_NUMEL, F_SUM, F_SUMSQ
 from .host import supported_dtype
-from .memory import gathered as _gathered, memory_key as _memory_key, memory_order, tensor_version  # noqa: F401
-from .reductions import (PRECISIONS, Ctx,  # noqa: F401  (the d_* names: categories' device functions)
-                         d_avg, d_count, d_finite_max, d_finite_min, d_l2norm, d_max, d_min, d_nan_count,
-                         d_neg_inf_count, d_negative_count, d_pos_inf_count, d_positive_count, d_zero_count)
+from .memory import gathered as _gathered, memory_key as _memory_key
+from .memory import tensor_version  # noqa: F401  (the recorder imports it from here)
+from .reductions import PRECISIONS, Ctx
 
 
 # What the one-pass CPU kernel (:mod:`.native`) gives, from a fused entry (contract.FUSED_FIELDS).
@@ -335,7 +334,7 @@ class RowRecorder:
         """Rows of ``tensors`` (slot k at timestamp ``ts + k``, None slots skipped) appended to
         ``rows``; how many, or -1 having changed nothing when some element needs the Python path."""
         batch = self._batch
-        made = self._record(len(batch._entries), op_type, name, io, ts, tensors)
+        made = self._record(len(batch), op_type, name, io, ts, tensors)
         if made is None:
             return -1
         new_rows, entries, dtypes = made

@@ -25,7 +25,7 @@ class Ctx:
     __slots__ = ("x", "is_float", "is_bool", "precision", "cpu", "_minmax")
 
     def __init__(self, t: torch.Tensor, precision: str):
-        """``t``: the tensor in memory order (see :func:`memory_order`)."""
+        """``t``: the tensor in memory order (see :func:`.memory.memory_order`)."""
         self.is_bool = t.dtype is torch.bool
         if self.is_bool:
             t = t.view(torch.uint8)
