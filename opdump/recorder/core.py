@@ -18,9 +18,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ..capture.op_info import OpInfo
+from ..format.dtypes import dtype_name
+from ..format.files import parameter_file_name, tensor_file_name
 from ..write.buffers import HostBuffers, HostCopy
-from ..write.dtypes import dtype_name, to_numpy
-from ..write.names import parameter_file_name, tensor_file_name
+from ..write.dtypes import to_numpy
 from ..write.statistic_csv import StatisticCsv
 from ..stats import StatsEngine
 from ..stats.device import tensor_version

@@ -13,7 +13,7 @@ import functools
 
 import torch
 
-from ..write.dtypes import dtype_name
+from ..format.dtypes import dtype_name
 from ..write.statistic_csv import encode_fields
 from ..stats import format_shape
 
