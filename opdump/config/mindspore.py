@@ -23,6 +23,10 @@ Decisions (README config reference):
   ``kernels`` are validated even when ``dump_mode`` is not 1 (the seed's own
   example lists one with ``dump_mode`` 0).  List fields refuse duplicates;
   kernel entries are stripped of outer whitespace.
+* ``opdump_settings.existing`` (``"refuse"`` by default): what a session does
+  with a rank folder that already holds a dump — refuse (a second run's files
+  silently added to a first run's made ``compare`` report nothing), write to
+  ``{path}-N``, or empty it first (README, "Reliability").
 """
 from __future__ import annotations
 
