@@ -10,11 +10,10 @@ from __future__ import annotations
 import os
 from typing import Any, Iterable, Optional, Sequence, Tuple
 
-from ..format.layout import EXECUTION_ORDER_HEADER, execution_order_file_name, render_execution_order
+from ..format.layout import execution_order_file_name, render_execution_order
 from ..format.listing import render_graph_json, render_ir
 
-__all__ = ["write_listing", "write_execution_order", "render_ir", "render_graph_json", "render_execution_order",
-           "EXECUTION_ORDER_HEADER"]
+__all__ = ["write_listing", "write_execution_order"]
 
 
 def write_listing(layout, graph_id: int, kind: str, ops: Sequence[Any],
