@@ -145,3 +145,14 @@ def test_switched_off_it_is_neither_built_nor_announced(tmp_path):
     proc = _run(tmp_path / "run", {"OPDUMP_CPU_KERNEL": "0", "OPDUMP_NATIVE_DIR": str(tmp_path / "empty")})
     assert proc.returncode == 0, proc.stderr
     assert "native False rows 6" in proc.stdout and "opdump: the native module" not in proc.stderr
+
+
+def test_a_failed_run_time_build_is_one_warning_and_leaves_nothing_behind(tmp_path):
+    """A real run-time build (child process, flock, private work folder) with a compiler that fails."""
+    folder = tmp_path / "native"
+    proc = _run(tmp_path / "run", {"OPDUMP_NATIVE_DIR": str(folder), "CXX": "/bin/false",
+                                   "OPDUMP_NATIVE_BUILD_TIMEOUT": "300"}, timeout=400)
+    assert proc.returncode == 0, proc.stderr
+    assert "native False rows 6" in proc.stdout
+    assert proc.stderr.count("opdump: the native module") == 1 and "build failed" in proc.stderr, proc.stderr
+    assert sorted(p.name for p in folder.iterdir()) == [native.module_name() + ".lock"]

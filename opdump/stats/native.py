@@ -75,7 +75,11 @@ _module = None
 
 
 class NativeUnavailable(Exception):
-    """Why the module cannot be used (one line)."""
+    """Why the module cannot be used (one line); ``details``: the compiler's output, if any."""
+
+    def __init__(self, reason: str, details: str = ""):
+        super().__init__(reason)
+        self.details = details
 
 
 # ------------------------------------------------------------------ where
@@ -173,18 +177,27 @@ def _compile(work: str, deadline: float) -> None:
     try:
         out, _ = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
+        _kill_group(proc)
         raise NativeUnavailable("the build took longer than the timeout (set "
                                 f"{ENV_TIMEOUT}, or run `python -m opdump.stats.build_native`)") from None
     except BaseException:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        _kill_group(proc)
         raise
     if proc.returncode != 0:
-        lines = [ln for ln in out.decode(errors="replace").splitlines() if ln.strip()]
-        errors = [ln for ln in lines if "error" in ln.lower()]
-        raise NativeUnavailable(f"the build failed: {(errors or lines or ['exit %d' % proc.returncode])[-1].strip()}")
+        text = out.decode(errors="replace")
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        # the compiler's first error, else the child's last line (its exception)
+        errors = [ln for ln in lines if ": error:" in ln][:1] or lines[-1:] or [f"exit status {proc.returncode}"]
+        raise NativeUnavailable(f"the build failed: {errors[0]}", details=text[-20000:])
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """The build child and everything it started (ninja, the compilers)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.communicate()
 
 
 def build(directory: Optional[str] = None, timeout: Optional[float] = None) -> str:
@@ -340,6 +353,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         try:
             path = build(argv[1] if len(argv) > 1 else None)
         except NativeUnavailable as exc:
+            if exc.details:
+                print(exc.details, file=sys.stderr)
             print(f"opdump: the native module was not built: {exc}; torch reductions and Python will be used",
                   file=sys.stderr)
             return 1
