@@ -162,10 +162,16 @@ def load_graph_ops(g: Graph) -> None:
             if o.index is None:
                 o.index = i
                 ordered.append(o)
-        for o in ops:       # listed but not in the graph's order: an eager operator of a later iteration
+        # listed but not in the graph's order: in opdump's eager listing, an operator of a later
+        # iteration (kept); in MindSpore's .ir, a node that runs no kernel (Return, MakeTuple…:
+        # kept aside, an operator only if an iteration's own order names it, see finish_rank)
+        for o in ops:
             if o.index is None:
-                o.index = len(ordered)
-                ordered.append(o)
+                if g.kind == "eager":
+                    o.index = len(ordered)
+                    ordered.append(o)
+                else:
+                    g.unordered[o.full_name] = o
         g.ops = ordered
     else:
         for i, o in enumerate(ops):
@@ -251,7 +257,7 @@ def finish_rank(rank: Rank) -> None:
         for fn in it.execution_order:
             if fn not in known:
                 known.add(fn)
-                o = _bare_op(g, fn)
+                o = g.unordered.pop(fn, None) or _bare_op(g, fn)
                 o.index, nxt = nxt, nxt + 1
                 g.ops.append(o)
     resolve_names(rank)
