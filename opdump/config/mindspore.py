@@ -71,6 +71,8 @@ OPDUMP_FIELDS = {
     "writer_queue_mb": v.Field(v.integer(lo=1, hi=1 << 20)),     # up to 1 TiB waiting to be written
     "writer_threads": v.Field(v.integer(lo=1, hi=16)),
     "eager_capture": v.Field(v.choice("model", "all")),
+    # graph mode: dump ATen operators run one by one (default) or inductor's compiled kernels
+    "graph_dump": v.Field(v.choice("operators", "kernels")),
     # a rank folder that already holds a dump: refuse (default), write to {path}-N, or empty it first
     "existing": v.Field(v.choice("refuse", "new-folder", "overwrite")),
 }

@@ -64,6 +64,7 @@ class DumpConfig:
     writer_queue_mb: int = 256                  # bound of bytes waiting to be written
     writer_threads: int = 2
     eager_capture: str = "model"                # model: inside modules/backward/optimizer; all: everything
+    graph_dump: str = "operators"               # graph mode: operators (one by one) | kernels (inductor's, observed)
     existing: str = "refuse"                    # a rank folder holding a dump: refuse | new-folder | overwrite
     # -- ACL / torchair dialect extras (README, "Other dialects"); the session refuses the ACL layout
     layout: str = "mindspore"                   # mindspore | acl

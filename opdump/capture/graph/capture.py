@@ -38,6 +38,7 @@ import torch.fx as fx
 from torch._dynamo.exc import RestartAnalysis, SkipFrame
 
 from . import faults
+from ..kernels.compile import compile_kernels, is_inductor
 from .frames import frame_key, root_class
 from .inputs import input_names, lifted_constants, param_positions
 from .instrument import instrument, uninstrument
@@ -60,6 +61,18 @@ def compile_real(real: Real, real_options: dict, gm: fx.GraphModule, example_inp
     if real_options:
         return real(gm, example_inputs, **real_options)
     return real(gm, example_inputs)
+
+
+_warned_backends: set = set()
+
+
+def _warn_not_inductor(real: Real) -> None:
+    """``graph_dump: "kernels"`` with another backend: its kernels cannot be observed (once per backend)."""
+    name = real if isinstance(real, str) else getattr(real, "__name__", repr(real))
+    if name not in _warned_backends:
+        _warned_backends.add(name)
+        warnings.warn(f"opdump: graph_dump \"kernels\" observes inductor's kernels only; graphs compiled with "
+                      f"backend {name!r} are dumped operator by operator", RuntimeWarning, stacklevel=3)
 
 
 class GraphCapture:
@@ -105,6 +118,10 @@ class GraphCapture:
         self.names = input_names(gm, example_inputs)
         device = next((t.device for t in example_inputs if isinstance(t, torch.Tensor)), torch.device("cpu"))
         self.device_ok = self.session.device_allowed(device)
+        if self.session.config.graph_dump == "kernels":
+            if is_inductor(self.real):
+                return compile_kernels(self, gm, example_inputs, self.real_options)
+            _warn_not_inductor(self.real)
         return aot_autograd(
             fw_compiler=functools.partial(self._compile_aten, kind="forward"),
             bw_compiler=functools.partial(self._compile_aten, kind="backward"),
