@@ -32,12 +32,12 @@ def _tmp_name() -> str:
     return f"{TMP_PREFIX}{os.getpid()}-{n}"
 
 
-def _write_whole(path: str, fill: Callable[[int], None], tree: Optional["DumpTree"]) -> None:
+def _write_whole(path: str, fill: Callable[[int], None], tree: Optional["DumpTree"], fresh: bool = False) -> None:
     """Create ``path`` whole: ``fill(fd)`` writes a temporary file next to it, renamed
     to ``path`` when it succeeds, removed when it fails.  With ``tree`` (the dump's
     open folder) every component is reached without following links."""
     if tree is not None:
-        tree.write_file(path, fill, _tmp_name)
+        tree.write_file(path, fill, _tmp_name, fresh)
         return
     tmp = os.path.join(os.path.dirname(path), _tmp_name())
     try:
@@ -88,7 +88,7 @@ def atomic_save_npy(path: str, array: np.ndarray, tree: Optional["DumpTree"] = N
         atomic_write(path, lambda f: np.lib.format.write_array(f, array, allow_pickle=False), tree)
         return
     data = array.reshape(-1).view(np.uint8)      # a view: the array is C-contiguous
-    _write_whole(path, lambda fd: _write_all(fd, header, data), tree)
+    _write_whole(path, lambda fd: _write_all(fd, header, data), tree, fresh=True)   # names are unique
 
 
 @functools.lru_cache(maxsize=4096)

@@ -23,11 +23,14 @@ import os
 import shutil
 import stat
 import threading
+from collections import OrderedDict
 from typing import Callable, Iterator, Optional, Tuple
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 _APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+#: folders kept open by a DumpTree (the iteration folders being written, the metadata folder…)
+OPEN_FOLDERS = 32
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 #: Linux limits: one name, one whole path (bytes)
@@ -57,6 +60,7 @@ class DumpTree:
         self._prefix = self.path + os.sep
         self._fd: Optional[int] = None
         self._lock = threading.Lock()
+        self._open_dirs: "OrderedDict[str, list]" = OrderedDict()     # folder -> [descriptor, users]
         #: what is on disk: files renamed into place, their bytes, statistic rows appended
         self.files_written = 0
         self.bytes_written = 0
@@ -96,6 +100,7 @@ class DumpTree:
 
     def close(self) -> None:
         """Close the folder (this releases the lock once no forked copy holds it)."""
+        self._close_folders()
         with self._lock:
             fd, self._fd = self._fd, None
         if fd is not None:
@@ -104,6 +109,7 @@ class DumpTree:
     def forget_in_child(self) -> None:
         """In a forked child: drop this process's copy of the descriptor (the parent keeps
         its lock; the child never writes)."""
+        self._close_folders()
         fd, self._fd = self._fd, None
         if fd is not None:
             try:
@@ -126,19 +132,66 @@ class DumpTree:
 
     @contextlib.contextmanager
     def folder(self, path: str, *, create: bool = True) -> Iterator[int]:
-        """A descriptor of folder ``path`` (created, component by component, when missing)."""
-        fd = self.fd
+        """A descriptor of folder ``path`` (created, component by component, when missing).
+
+        The last :data:`OPEN_FOLDERS` folders stay open (a dump writes many files into one
+        iteration folder: one ``open`` per file instead of a walk of four components)."""
+        path = os.fspath(path)
+        parts = self.parts(path)
+        if not parts:
+            yield self.fd
+            return
+        entry = self._checkout(path, parts, create)
+        try:
+            yield entry[0]
+        finally:
+            with self._lock:
+                entry[1] -= 1
+
+    def _checkout(self, path: str, parts: Tuple[str, ...], create: bool) -> list:
+        """[descriptor, users] of an open folder, one more user counted."""
+        with self._lock:
+            entry = self._open_dirs.get(path)
+            if entry is not None:
+                entry[1] += 1
+                self._open_dirs.move_to_end(path)
+                return entry
+            fd = self.fd
         owned = False
         try:
-            for part in self.parts(path):
+            for part in parts:
                 nxt = _open_child_dir(fd, part, create, path)
                 if owned:
                     os.close(fd)
                 fd, owned = nxt, True
-            yield fd
-        finally:
+        except BaseException:
             if owned:
                 os.close(fd)
+            raise
+        with self._lock:
+            other = self._open_dirs.get(path)
+            if other is not None:               # opened by another thread meanwhile
+                os.close(fd)
+                other[1] += 1
+                return other
+            entry = self._open_dirs[path] = [fd, 1]
+            if len(self._open_dirs) > OPEN_FOLDERS:
+                for key, (old_fd, users) in list(self._open_dirs.items()):
+                    if users == 0:              # the least recently used folder nobody writes to
+                        del self._open_dirs[key]
+                        os.close(old_fd)
+                        break
+            return entry
+
+    def _close_folders(self) -> None:
+        with self._lock:
+            fds = [fd for fd, _ in self._open_dirs.values()]
+            self._open_dirs.clear()
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     @contextlib.contextmanager
     def parent(self, path: str, *, create: bool = True) -> Iterator[Tuple[int, str]]:
@@ -154,33 +207,57 @@ class DumpTree:
             pass
 
     # ------------------------------------------------------------------ files
-    def write_file(self, path: str, write: Callable[[int], None], tmp_name: Callable[[], str]) -> None:
+    def write_file(self, path: str, write: Callable[[int], None], tmp_name: Callable[[], str],
+                   fresh: bool = False) -> None:
         """Create ``path`` whole: ``write(fd)`` fills a new temporary file in the same
         folder (``O_EXCL|O_NOFOLLOW``), which is then renamed onto ``path``; on any
-        failure the temporary file is removed."""
-        with self.parent(path) as (dfd, name):
-            tmp = tmp_name()
-            fd = os.open(tmp, _CREATE_FLAGS, 0o644, dir_fd=dfd)
+        failure the temporary file is removed.  ``fresh``: the name is new (a tensor
+        file's timestamp is unique), so no check whether it replaces a counted file.
+
+        The per-file path (thousands of files per step) avoids context managers: the
+        open folder is looked up by its path first."""
+        folder, _, name = os.fspath(path).rpartition(os.sep)
+        if name in ("", ".", ".."):
+            raise UnsafePath(errno.EINVAL, f"opdump refuses an unusual file name inside the dump: {path}")
+        with self._lock:                        # looked up and counted at once: never evicted meanwhile
+            entry = self._open_dirs.get(folder)
+            if entry is not None:
+                entry[1] += 1
+        if entry is None:
+            parts = self.parts(folder)
+            entry = self._checkout(folder, parts, True) if parts else [self.fd, 1]
+        try:
+            self._write_in(entry[0], name, path, write, tmp_name, fresh)
+        finally:
+            with self._lock:
+                entry[1] -= 1
+
+    def _write_in(self, dfd: int, name: str, path: str, write: Callable[[int], None],
+                  tmp_name: Callable[[], str], fresh: bool) -> None:
+        tmp = tmp_name()
+        fd = os.open(tmp, _CREATE_FLAGS, 0o644, dir_fd=dfd)
+        try:
             try:
+                write(fd)
+                size = os.fstat(fd).st_size
+            finally:
+                os.close(fd)
+            old = None
+            if not fresh:                   # a file written again (a listing) counts once
                 try:
-                    write(fd)
-                    size = os.fstat(fd).st_size
-                finally:
-                    os.close(fd)
-                try:                            # a file written again (a listing) counts once
                     old = os.stat(name, dir_fd=dfd, follow_symlinks=False).st_size
                 except FileNotFoundError:
-                    old = None
-                os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-                with self._lock:
-                    self.files_written += old is None
-                    self.bytes_written += size - (old or 0)
-            except BaseException as exc:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp, dir_fd=dfd)
-                if isinstance(exc, OSError) and exc.filename is None:
-                    exc.filename = path             # name the file in the warning and the manifest
-                raise
+                    pass
+            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            with self._lock:
+                self.files_written += old is None
+                self.bytes_written += size - (old or 0)
+        except BaseException as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dfd)
+            if isinstance(exc, OSError) and exc.filename is None:
+                exc.filename = path             # name the file in the warning and the manifest
+            raise
 
     @contextlib.contextmanager
     def open_append(self, path: str) -> Iterator[int]:
