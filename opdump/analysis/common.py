@@ -10,7 +10,7 @@ from typing import Any, Iterator, Mapping, Optional
 
 import numpy as np
 
-from .reader import is_complex_dtype, is_float_dtype, load_array
+from .reader import is_complex_dtype, is_float_dtype, load_array, npy_header
 
 __all__ = [
     "EMPTY_OPS", "OVERWRITE_OPS", "RANDOM_OPS", "base_op_type", "is_garbage", "is_random_op",
@@ -162,8 +162,7 @@ def is_float_row(dtype: Any, path: Any = None) -> bool:
         return is_float_dtype(dtype) or is_complex_dtype(dtype)
     if isinstance(path, str):
         try:
-            from .reader import _npy_header
-            dt = _npy_header(path)[1]
+            dt = npy_header(path)[1]
             return np.issubdtype(dt, np.floating) or np.issubdtype(dt, np.complexfloating)
         except (OSError, ValueError):
             return False

@@ -24,7 +24,7 @@ from ...format.dtypes import is_complex_dtype, is_float_dtype
 from ...format.names import kind_of_name, op_type_of, sanitize, scope_of
 from .containers import Graph, Iteration, Rank
 from .dump import Dump
-from .files import TensorFile, _npy_header, load_array, npy_header, parse_tensor_filename
+from .files import TensorFile, load_array, npy_header, parse_tensor_filename
 from .open import DumpError, load_statistics, open_dump
 from .ops import OpInfo
 from .sources import SourceFrame, is_library_file, parse_ir, parse_source_line

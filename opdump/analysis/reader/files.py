@@ -75,9 +75,6 @@ def npy_header(path: str) -> Tuple[Tuple[int, ...], np.dtype]:
     return tuple(shape), dtype
 
 
-_npy_header = npy_header       # old name, used by opdump.analysis.common
-
-
 def parse_tensor_filename(name: str) -> Optional[Dict[str, Any]]:
     """The fields of a tensor file name as a dict (op_type, op_file, task_id, stream_id,
     timestamp, io, slot, format, dtype); None when it is not one.  See
