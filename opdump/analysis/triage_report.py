@@ -1,0 +1,280 @@
+"""Self-contained HTML reports of a dump's NaN/Inf story: for ``opdump triage`` (and usable for
+``overflow`` and ``watch``): per-iteration counts of tensors holding NaN/Inf, the statistic
+trends (largest magnitude, L2 norm) of every operator output along the execution order, the
+origin marked on both, and the facts (origin, source line, runs, commands, files).
+
+Same style as the compare report (:mod:`.report`: its CSS and escaping); inline SVG, no
+script, no external asset: the page opens from disk in any browser. Written whole
+(temporary file, then rename).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import os
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+from .common import array_nonfinite, is_float_row, progress_bar, stats_nonfinite
+from .report import _CSS, _downsample, _e
+
+__all__ = ["series_of", "render_trend_html", "write_trend_html", "write_triage_html"]
+
+_W, _H, _ML, _MR, _MT, _MB = 1000, 260, 64, 16, 28, 36
+_MAX_FILES_READ = 20000            # tensor-only dumps: at most this many files read for the counts
+
+
+def _f(v: Any) -> Optional[float]:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x
+
+
+def series_of(dump, rank: Optional[int] = None, progress: bool = False) -> Dict[str, Any]:
+    """The plotted data of ``dump`` (one rank: ``rank`` or the first): per output tensor of
+    every operator in execution order (iteration, then order) its key, largest magnitude,
+    L2 norm and whether it holds NaN/Inf; per iteration the count of such tensors."""
+    rec = dump.records()
+    out: Dict[str, Any] = {"points": [], "per_iteration": {}, "rank": rank}
+    if rec.empty:
+        return out
+    if rank is None:
+        rank = int(rec["rank"].min())
+    out["rank"] = rank
+    rec = rec[(rec["rank"] == rank) & (rec["kind"] == "op") & (rec["io"] == "output") & rec["iteration"].notna()]
+    rec = rec[[is_float_row(d, p) for d, p in zip(rec["dtype"], rec["path"])]]
+    rows = sorted(rec.to_dict("records"), key=lambda r: (int(r["iteration"]), int(r["order"])))
+    bar = progress_bar(progress, len(rows), "report", "tensor")
+    read = 0
+    for r in rows:
+        if bar is not None:
+            bar.update(1)
+        it = int(r["iteration"])
+        bad = stats_nonfinite(r) if r.get("stat_row") is True else None
+        mag = l2 = None
+        if r.get("stat_row") is True:
+            mx, mn = _f(r.get("max")), _f(r.get("min"))
+            vals = [abs(v) for v in (mx, mn) if v is not None and not math.isnan(v)]
+            mag = max(vals) if vals else None
+            l2 = _f(r.get("l2norm"))
+        if bad is None and isinstance(r.get("path"), str) and read < _MAX_FILES_READ:
+            read += 1
+            try:
+                c = array_nonfinite(r["path"])
+                bad = None if c is None else (c["nan"] + c["pos_inf"] + c["neg_inf"]) > 0
+            except (OSError, ValueError):
+                bad = None
+        out["points"].append({"iteration": it, "op": r["op"], "call": r.get("call"), "slot": int(r["slot"]),
+                              "mag": mag, "l2": l2, "bad": bool(bad)})
+        cnt = out["per_iteration"].setdefault(it, [0, 0])
+        cnt[0] += 1
+        cnt[1] += int(bool(bad))
+    if bar is not None:
+        bar.close()
+    return out
+
+
+def _axes(title: str, plot_id: str) -> List[str]:
+    pw, ph = _W - _ML - _MR, _H - _MT - _MB
+    return [f'<svg class="plot" id="{_e(plot_id)}" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {_W} {_H}" '
+            f'width="{_W}" height="{_H}" role="img" aria-label="{_e(title)}">',
+            f'<text x="{_ML}" y="16" style="font-size:13px;font-weight:600">{_e(title)}</text>',
+            f'<rect class="plot-area" x="{_ML}" y="{_MT}" width="{pw}" height="{ph}" fill="none" stroke="#bbb"/>']
+
+
+def _origin_line(x: float, label: str) -> str:
+    ph = _H - _MT - _MB
+    anchor, dx = ("start", 4) if x < _ML + (_W - _ML - _MR) * 0.6 else ("end", -4)
+    return (f'<line class="origin" x1="{x:.1f}" y1="{_MT}" x2="{x:.1f}" y2="{_MT + ph}" stroke="#c62828" '
+            f'stroke-width="2" stroke-dasharray="5,3"/><text class="origin-label" x="{x + dx:.1f}" y="{_MT + 12}" '
+            f'text-anchor="{anchor}" style="fill:#c62828">origin: {_e(label)}</text>')
+
+
+def _bars(per_it: Dict[int, List[int]], origin_it: Optional[int], label: str) -> str:
+    """Per iteration: output tensors holding NaN/Inf (red) over all output tensors (grey)."""
+    its = sorted(per_it)
+    pw, ph = _W - _ML - _MR, _H - _MT - _MB
+    out = _axes("Output tensors holding NaN/Inf per iteration (of all output tensors)", "plot-nonfinite")
+    top = max([per_it[i][0] for i in its] + [1])
+    n = max(1, len(its))
+    bw = pw / n
+    for k in range(5):
+        v = top * k / 4
+        y = _MT + ph - v * ph / top
+        out.append(f'<line x1="{_ML}" y1="{y:.1f}" x2="{_ML + pw}" y2="{y:.1f}" stroke="#eee"/>'
+                   f'<text x="{_ML - 6}" y="{y + 4:.1f}" text-anchor="end">{v:.0f}</text>')
+    step = max(1, int(math.ceil(n / 20)))
+    for j, it in enumerate(its):
+        total, bad = per_it[it]
+        x = _ML + j * bw
+        hb, ht = bad * ph / top, total * ph / top
+        w = max(1.0, bw * 0.8)
+        out.append(f'<rect class="bar-total" x="{x + bw * 0.1:.1f}" y="{_MT + ph - ht:.1f}" width="{w:.1f}" '
+                   f'height="{ht:.1f}" fill="#cfd8dc"><title>iteration {it}: {total} output tensors</title></rect>')
+        if bad:
+            out.append(f'<rect class="bar-nonfinite" x="{x + bw * 0.1:.1f}" y="{_MT + ph - hb:.1f}" width="{w:.1f}" '
+                       f'height="{hb:.1f}" fill="#c62828"><title>iteration {it}: {bad} hold NaN/Inf</title></rect>')
+        if j % step == 0:
+            out.append(f'<text x="{x + bw / 2:.1f}" y="{_H - 14}" text-anchor="middle">{it}</text>')
+        if origin_it is not None and it == origin_it:
+            out.append(_origin_line(x + bw / 2, label))
+    out.append(f'<text x="{_ML + pw / 2:.1f}" y="{_H - 2}" text-anchor="middle">iteration</text></svg>')
+    return "".join(out)
+
+
+def _trend(points: List[Dict[str, Any]], key: str, title: str, plot_id: str, origin_x: Optional[int],
+           label: str) -> str:
+    """One statistic per output tensor along the execution order (log scale), NaN/Inf tensors
+    as red marks at the top, iteration boundaries as grey lines."""
+    pw, ph = _W - _ML - _MR, _H - _MT - _MB
+    xs = list(range(len(points)))
+    ys = []
+    for p in points:
+        v = p.get(key)
+        ys.append(math.log10(v) if v is not None and v > 0 and not math.isinf(v) and not math.isnan(v)
+                  else float("nan"))
+    finite = [y for y in ys if not math.isnan(y)]
+    y0, y1 = (math.floor(min(finite)), math.ceil(max(finite))) if finite else (0.0, 1.0)
+    if y1 - y0 < 1:
+        y0, y1 = y0 - 1, y1 + 1
+    x1 = max(1, len(points) - 1)
+
+    def sx(x):
+        return _ML + x * pw / x1
+
+    def sy(v):
+        return _MT + ph - (min(max(v, y0), y1) - y0) * ph / (y1 - y0)
+
+    out = _axes(title, plot_id)
+    stepy = max(1, int(math.ceil((y1 - y0) / 6)))
+    for v in range(int(y0), int(y1) + 1, stepy):
+        out.append(f'<line x1="{_ML}" y1="{sy(v):.1f}" x2="{_ML + pw}" y2="{sy(v):.1f}" stroke="#eee"/>'
+                   f'<text x="{_ML - 6}" y="{sy(v) + 4:.1f}" text-anchor="end">1e{v}</text>')
+    prev = None
+    bounds = 0
+    for x, p in enumerate(points):
+        if p["iteration"] != prev:
+            if prev is not None and bounds < 200:
+                bounds += 1
+                out.append(f'<line class="iteration-start" x1="{sx(x):.1f}" y1="{_MT}" x2="{sx(x):.1f}" '
+                           f'y2="{_MT + ph}" stroke="#90a4ae" stroke-dasharray="2,3"/>')
+            if bounds < 30:
+                out.append(f'<text x="{sx(x) + 2:.1f}" y="{_H - 14}">it {p["iteration"]}</text>')
+            prev = p["iteration"]
+    segments: List[List[int]] = []          # runs of tensors with a value: no line across a NaN gap
+    for x, y in zip(xs, ys):
+        if math.isnan(y):
+            continue
+        if segments and segments[-1][-1] == x - 1:
+            segments[-1].append(x)
+        else:
+            segments.append([x])
+    for seg in segments:
+        pts = _downsample(seg, [ys[x] for x in seg], max(1, int(pw * len(seg) / max(1, len(xs)))), "max")
+        if len(pts) == 1:
+            out.append(f'<circle class="pt" cx="{sx(pts[0][0]):.1f}" cy="{sy(pts[0][1]):.1f}" r="1.8" '
+                       'fill="#1565c0"/>')
+            continue
+        poly = " ".join(f"{sx(x):.1f},{sy(v):.1f}" for x, v in pts)
+        out.append(f'<polyline class="series" fill="none" stroke="#1565c0" stroke-width="1.2" points="{poly}"/>')
+    bad = [x for x, p in enumerate(points) if p["bad"]][:4000]
+    for x in bad:
+        out.append(f'<circle class="pt pt-nonfinite" cx="{sx(x):.1f}" cy="{_MT + 3}" r="2.6" fill="#c62828"/>')
+    if origin_x is not None:
+        out.append(_origin_line(sx(origin_x), label))
+    out.append(f'<text x="{_ML + pw / 2:.1f}" y="{_H - 2}" text-anchor="middle">output tensor (execution order; '
+               f'red marks: NaN/Inf)</text></svg>')
+    return "".join(out)
+
+
+def render_trend_html(dump, title: str, boxes: Sequence[str] = (), origin: Optional[Tuple[Any, Any]] = None,
+                      rank: Optional[int] = None, progress: bool = False) -> str:
+    """The page: ``boxes`` (HTML fragments, already escaped) then the plots. ``origin``:
+    (iteration, operator full name) marked on the plots."""
+    data = series_of(dump, rank=rank, progress=progress)
+    pts = data["points"]
+    origin_x = None
+    label = ""
+    if origin is not None:
+        label = str(origin[1])
+        for x, p in enumerate(pts):
+            if p["iteration"] == origin[0] and p["op"] == origin[1]:
+                origin_x = x
+                break
+    h = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+         f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>", f"<h1>{_e(title)}</h1>",
+         f"<div class='meta'>dump: <code>{_e(dump.path)}</code>, rank {_e(data['rank'])}<br>generated "
+         f"{_e(_dt.datetime.now().isoformat(timespec='seconds'))}</div>"]
+    h.extend(boxes)
+    h.append("<h2>NaN/Inf per iteration</h2>")
+    if data["per_iteration"]:
+        h.append(_bars(data["per_iteration"], origin[0] if origin else None, label))
+    else:
+        h.append("<p>No floating operator outputs in this dump.</p>")
+    h.append("<h2>Statistics along the execution order</h2>")
+    if any(p["mag"] is not None for p in pts):
+        h.append(_trend(pts, "mag", "Largest magnitude max(|max|, |min|) per output tensor (log scale)",
+                        "plot-magnitude", origin_x, label))
+    if any(p["l2"] is not None for p in pts):
+        h.append(_trend(pts, "l2", "L2 norm per output tensor (log scale)", "plot-l2norm", origin_x, label))
+    if not any(p["mag"] is not None or p["l2"] is not None for p in pts):
+        h.append("<p>No statistics in this dump (saved_data \"tensor\"): trends need statistic.csv.</p>")
+    h.append("</body></html>")
+    return "\n".join(h)
+
+
+def _write(text: str, path: Union[str, os.PathLike]) -> str:
+    tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+    return os.fspath(path)
+
+
+def write_trend_html(dump, path: Union[str, os.PathLike], title: str, boxes: Sequence[str] = (),
+                     origin: Optional[Tuple[Any, Any]] = None, rank: Optional[int] = None) -> str:
+    """Write :func:`render_trend_html` to ``path``."""
+    return _write(render_trend_html(dump, title, boxes, origin, rank), path)
+
+
+def _triage_boxes(result) -> List[str]:
+    s, o, rep = result.suspects, result.suspects.origin, result.reproduction
+    boxes = []
+    if o is None:
+        boxes.append(f"<div class='box ok' id='origin-box'>Nothing found ({_e(result.mode)}).</div>")
+    elif rep is None or not rep.reproduced:
+        boxes.append("<div class='box first' id='not-reproduced'><b>Not reported:</b> "
+                     + "<br>".join(_e(x) for x in (rep.describe() if rep else "run 2 did not run").splitlines())
+                     + f"<br>run 1 pointed at <code>{_e(o.op)}</code> (iteration {_e(o.iteration)}). The script "
+                       "does not compute the same values twice: fix its seeds and set "
+                       "<code>torch.use_deterministic_algorithms(True)</code>.</div>")
+    else:
+        boxes.append("<div class='box first' id='origin-box'><b>Origin:</b> "
+                     f"<code>{_e(o.op)}</code> ({_e(o.kind)})<br>type {_e(o.op_type)}, iteration {_e(o.iteration)}, "
+                     f"rank {_e(o.rank)}"
+                     + (f"<br>source: <code>{_e(o.source)}</code> {_e(o.code)}" if o.source else "")
+                     + (f"<br>{_e(o.detail)}" if o.detail else "") + f"<br>{_e(rep.describe())}</div>")
+    runs = [r for r in (result.run1, result.run2) if r is not None]
+    boxes.append("<div class='box' id='runs'><b>Runs</b> (reproduce each with its command)<ul>" + "".join(
+        f"<li>{_e(r.name)}: dump <code>{_e(r.dump)}</code>, exit {_e(r.returncode)}, log <code>{_e(r.log)}</code>"
+        f"<br><code>{_e(r.shell_command)}</code></li>" for r in runs) + "</ul></div>")
+    if s.kernels:
+        boxes.append("<div class='box' id='suspects'><b>Suspects</b> (run 2 dumps their tensors at iteration(s) "
+                     f"{_e('|'.join(map(str, s.iterations)))})<ul>" + "".join(
+                         f"<li><code>{_e(k)}</code>" + "".join(f"<br>&nbsp;&nbsp;<code>{_e(p)}</code>"
+                                                               for p in result.files.get(k, [])) + "</li>"
+                         for k in s.kernels) + "</ul></div>")
+    if s.notes:
+        boxes.append("<details class='box' id='notes'><summary>Analysis notes</summary><pre>"
+                     + _e("\n".join(s.notes[:50])) + "</pre></details>")
+    return boxes
+
+
+def write_triage_html(result, dump1, path: Union[str, os.PathLike]) -> str:
+    """The triage report: origin, runs and their commands, suspects and their files, then
+    run 1's per-iteration NaN/Inf counts and statistic trends with the origin marked."""
+    o = result.suspects.origin
+    origin = (o.iteration, o.op) if o is not None else None
+    return write_trend_html(dump1, path, "opdump triage", _triage_boxes(result), origin,
+                            rank=o.rank if o is not None else None)
