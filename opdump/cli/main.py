@@ -19,6 +19,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo_cmd.register(sub)
     from . import analysis_commands
     analysis_commands.register(sub)
+    from . import triage as triage_cmd
+    triage_cmd.register(sub)
     return parser
 
 
