@@ -1,9 +1,9 @@
-"""The MindSpore dialect (seed 000): ``common_dump_settings`` + ``e2e_dump_settings``.
+"""The MindSpore dialect: ``common_dump_settings`` + ``e2e_dump_settings`` (README, Config reference).
 
-Every field of the seed is accepted and checked; ``opdump_settings`` is opdump's
+Every field of MindSpore's data_dump.json is accepted and checked; ``opdump_settings`` is opdump's
 optional third section.  Fields are tables (one line per field); what depends on
 several fields is in :mod:`.rules`.  Every field is optional: a missing one takes
-the :class:`DumpConfig` default (the seed's default), ``path`` falls back to
+the :class:`DumpConfig` default (MindSpore's default), ``path`` falls back to
 ``$OPDUMP_DIAGNOSTIC_DATA_PATH/debug_dump`` like MindSpore's ``MS_DIAGNOSTIC_DATA_PATH``.
 
 Decisions (README config reference):
@@ -20,7 +20,7 @@ Decisions (README config reference):
   and ``dump_mode`` 0, as MindSpore does.  ``op_debug_mode`` 3 and 4 ignore
   ``dump_mode`` (set to 0) and need ``saved_data`` "tensor" and ``sample_mode`` 0.
 * ``overflow_number`` is accepted with any ``op_debug_mode`` (used only by 3);
-  ``kernels`` are validated even when ``dump_mode`` is not 1 (the seed's own
+  ``kernels`` are validated even when ``dump_mode`` is not 1 (MindSpore's own
   example lists one with ``dump_mode`` 0).  List fields refuse duplicates;
   kernel entries are stripped of outer whitespace.
 * ``opdump_settings.existing`` (``"refuse"`` by default): what a session does

@@ -1,11 +1,11 @@
-"""Cross-field rules: the combinations the seeds forbid, and MindSpore's normalisations.
+"""Cross-field rules: the combinations MindSpore forbids, and its normalisations.
 
 Single fields are checked by the converters in :mod:`.validate`; what depends on
 two fields lives here, once, so every dialect gets the same rules.  The rules
 work on DumpConfig attribute names; ``names`` maps them back to the dialect's
 dotted JSON names for the messages.
 
-Principle: where seed 000 says a combination fails (or is "not supported"),
+Principle: where MindSpore's documentation says a combination fails (or is "not supported"),
 opdump raises; where MindSpore itself overrides a field (overflow/exception
 dump ignore ``dump_mode``; exception dump saves inputs of every iteration),
 opdump overrides it the same way.

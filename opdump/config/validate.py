@@ -212,7 +212,7 @@ def check_path(path: str, field: str, *, relative_to: Optional[str] = None) -> s
     """Validate a dump root and return it normalised.
 
     Relative paths are an error unless ``relative_to`` is given (the ACL and
-    options dialects, whose seeds allow paths relative to the working directory).
+    options dialects, whose toolchains allow paths relative to the working directory).
     """
     bad = next((c for c in path if c not in PATH_CHARS), None)
     if bad is not None:
@@ -238,7 +238,7 @@ _ENV_REF = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]
 
 
 def expand_env(path: str, field: str, env: Mapping[str, str]) -> str:
-    """Expand ``$VAR`` / ``${VAR}`` from ``env`` (seed 004 writes ``"$HOME/output"``)."""
+    """Expand ``$VAR`` / ``${VAR}`` from ``env`` (torchair configs write ``"$HOME/output"``)."""
     def sub(match: "re.Match[str]") -> str:
         var = match.group(1) or match.group(2)
         if var not in env:
