@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from typing import List, Optional, Sequence, Tuple
 
+from ..format.names import escape_controls
 from .op_info import SourceLine, visible_frames
 
 _ROOT_PREFIX = re.compile(r"^L\['[^']*'\]")
@@ -55,9 +56,9 @@ def module_scope(stack: Sequence[Tuple[str, str]], root_class: Optional[str]) ->
             rel = ".".join(path.split(".")[prev.count(".") + 1:])
         else:
             rel = path
-        parts.append(f"{rel}-{cls}")
+        parts.append(escape_controls(f"{rel}-{cls}"))   # a newline/NUL in a module name: one line per name
         prev = plain
-    head = ["Default"] + ([root] if root else [])
+    head = ["Default"] + ([escape_controls(root)] if root else [])
     return "/".join(head + parts)
 
 

@@ -132,7 +132,9 @@ class EagerCapture(OperatorPath):
         session = self.session
         if self.graph_id is None:
             self.graph_id = session.new_graph_id()
+        before = list(warnings.filters)
         warnings.filterwarnings("ignore", message=_GLOBAL_HOOK_WARNING, category=UserWarning)
+        self._filter = warnings.filters[0] if warnings.filters[0] not in before else None   # removed by stop()
         from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
         self._handles = [
@@ -186,6 +188,10 @@ class EagerCapture(OperatorPath):
         for handle in self._handles + list(self._tails.values()):
             handle.remove()
         self._handles = []
+        if getattr(self, "_filter", None) is not None and self._filter in warnings.filters:
+            warnings.filters.remove(self._filter)
+            warnings._filters_mutated()           # what warnings.filterwarnings itself calls
+        self._filter = None
         self._tails.clear()
         self.tracker.stack.clear()
         self._optimizers.clear()
