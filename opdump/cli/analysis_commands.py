@@ -257,6 +257,11 @@ def cmd_overflow(args) -> int:
 # ----------------------------------------------------------------------------- compare
 
 def cmd_compare(args) -> int:
+    if getattr(args, "ranks", None):        # rank consistency of one dump: opdump.cli.ranks
+        from .ranks import cmd_compare_ranks
+        return cmd_compare_ranks(args)
+    if not args.a or not args.b:
+        return _err("compare needs two dumps A and B (or --ranks DUMP)")
     from opdump.analysis.compare import Thresholds, compare
     try:
         its = parse_iterations(args.iterations)
@@ -387,8 +392,10 @@ def register(subparsers) -> None:
                                           "reported; else thresholds decide. Exit code: 0 A and B agree, 1 a "
                                           "difference or divergence, 2 error (nothing to compare). See "
                                           "opdump.analysis.compare for metrics and verdict thresholds.")
-    p.add_argument("a")
-    p.add_argument("b")
+    p.add_argument("a", nargs="?")
+    p.add_argument("b", nargs="?")
+    p.add_argument("--ranks", metavar="DUMP", help="rank consistency of one data-parallel dump: parameters, buffers "
+                                                   "and optimizer operators identical on every rank (exit 1 if not)")
     p.add_argument("--mapping", help="file of 'A_name,B_name' lines (optionally NAME:output.0 for single tensors)")
     p.add_argument("--rank", type=int, help="rank to compare (default: all ranks, same ids)")
     p.add_argument("--rank-b", type=int, help="compare --rank of A with this rank of B (e.g. replicas of one dump)")

@@ -7,6 +7,7 @@ layer's output by X (a second program for the reference-divergence test). Seeds 
 Prints ``STEP {i} loss {value}``.
 """
 import argparse
+import os
 
 import torch
 
@@ -14,7 +15,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=4)
 p.add_argument("--nan-step", type=int, default=-1)
 p.add_argument("--bias", type=float, default=0.0)
-p.add_argument("--random", action="store_true", help="unseeded inputs (a non-deterministic script)")
+p.add_argument("--random", action="store_true", help="inputs seeded from os.urandom (a non-deterministic script)")
 a = p.parse_args()
 
 torch.manual_seed(0)
@@ -44,7 +45,7 @@ class Net(torch.nn.Module):
 
 model = Net()
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
-gen = None if a.random else torch.Generator().manual_seed(1)
+gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little") if a.random else 1)
 for step in range(a.steps):
     model.scale.factor = float("nan") if step == a.nan_step else 1.0
     x = torch.randn(4, 8, generator=gen)
