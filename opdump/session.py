@@ -110,8 +110,6 @@ class Session:
         #: the dump root used (``path``, or ``{path}-N`` with ``existing: "new-folder"``)
         self.dump_root = config.path
         self._tree: Optional[DumpTree] = None
-        if self.enabled:
-            self.dump_root, self._tree = open_rank_folder(config, self._start_rank())
         self.selector = OpSelector(config)
         #: only statistics computed on the device are dumped: no host copy, no file; the writer's
         #: work is a few rows of text per step, done in the step's idle moments (files and host
@@ -143,7 +141,8 @@ class Session:
         self._lag_mark: list = []                 # the writer's jobs at the end of the last iteration
         self._lag_iteration: Optional[int] = None
         self._on_disk_through: Optional[int] = None
-        if self._tree is not None:
+        if self.enabled:        # last: nothing after it can fail and leave the folder locked
+            self.dump_root, self._tree = open_rank_folder(config, self._start_rank())
             _LIVE.add(self)
 
     @staticmethod
@@ -340,7 +339,7 @@ class Session:
         if self._layout is None:
             tree = self._tree_for(self.rank)
             self._layout = Layout(self.dump_root, self.rank, self.config.net_name, tree=tree,
-                                  on_error=self._write_failed)
+                                  on_error=self._write_failed, stopped=lambda w=self.writer: w.failed)
             if tree.is_open:
                 self._manifest = Manifest(tree, os.path.join(self._layout.metadata_dir, fmt.MANIFEST_JSON))
                 self._write_metadata()

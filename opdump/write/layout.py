@@ -27,10 +27,12 @@ from .graph_files import write_execution_order, write_listing
 
 class Layout:
     def __init__(self, root: str, rank: int, net_name: str, tree: Optional[DumpTree] = None,
-                 on_error: Optional[Callable[[BaseException], None]] = None):
+                 on_error: Optional[Callable[[BaseException], None]] = None,
+                 stopped: Optional[Callable[[], bool]] = None):
         """``tree``: the rank folder, open (:mod:`.safe_fs`: every folder and file below it is
         reached without following a link); ``on_error``: where a failed write made on the
-        caller's thread is reported (the session's writer) instead of raising."""
+        caller's thread is reported (the session's writer) instead of raising; ``stopped``:
+        true once dumping stopped (after a write error nothing more is written)."""
         self.root = os.path.abspath(root)
         self.rank = int(rank)
         self.rank_dir = os.path.join(self.root, fmt.rank_dir_name(self.rank))
@@ -40,6 +42,7 @@ class Layout:
             tree.open()
         self.tree = tree
         self._on_error = on_error
+        self._stopped = stopped
         self._made: set = set()
         self._lock = threading.Lock()
         self._mapped: Dict[tuple, str] = {}
@@ -125,6 +128,8 @@ class Layout:
     def write_small(self, path: str, data: bytes) -> None:
         """Write a small file whole; an error is reported to ``on_error`` (never raised into
         the training thread that writes listings and metadata)."""
+        if self._stopped is not None and self._stopped():
+            return
         try:
             atomic_write_bytes(path, data, self.tree)
         except Exception as exc:             # noqa: BLE001 - reported: dumping stops
