@@ -120,7 +120,7 @@ class GraphCapture:
         self.device_ok = self.session.device_allowed(device)
         if self.session.config.graph_dump == "kernels":
             if is_inductor(self.real):
-                return compile_kernels(self, gm, example_inputs, self.real_options)
+                return compile_kernels(self, gm, example_inputs, self.real_options, self.real)
             _warn_not_inductor(self.real)
         return aot_autograd(
             fw_compiler=functools.partial(self._compile_aten, kind="forward"),

@@ -49,12 +49,15 @@ DUMP_PATCHES = {"trace.provenance_tracking_level": 1, "fx_graph_cache": False, "
 
 
 def is_inductor(real) -> bool:
-    """Is the user's backend inductor (the only one whose kernels can be observed)?"""
-    return real is None or real == "inductor"
+    """Is the user's backend inductor (the only one whose kernels can be observed)?  Under
+    ``opdump run`` a ``torch.compile(mode=..., options=...)`` arrives as torch's inductor wrapper."""
+    return real is None or real == "inductor" or isinstance(real, torch._TorchCompileInductorWrapper)
 
 
-def compile_kernels(capture, gm: fx.GraphModule, example_inputs: Sequence, real_options: dict) -> Callable:
-    """Inductor's compiled code for Dynamo's graph ``gm``, with a tap after each kernel."""
+def compile_kernels(capture, gm: fx.GraphModule, example_inputs: Sequence, real_options: dict,
+                    real=None) -> Callable:
+    """Inductor's compiled code for Dynamo's graph ``gm``, with a tap after each kernel; the
+    user's ``mode``/``options`` (inductor config patches) are kept."""
     from torch._functorch import config as functorch_config
     from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
@@ -64,6 +67,8 @@ def compile_kernels(capture, gm: fx.GraphModule, example_inputs: Sequence, real_
 
     options = dict(real_options)
     patches = dict(options.pop("options", None) or options.pop("config_patches", None) or {})
+    if isinstance(real, torch._TorchCompileInductorWrapper):
+        patches = {**real.config, **patches}
     with functorch_config.patch(enable_autograd_cache=False):
         return compile_fx(gm, example_inputs, inner_compile=inner, config_patches=patches or None)
 
