@@ -35,10 +35,10 @@ _INPUTS = ("Parameter.inputsK only in the graph dump: graph mode writes the comp
            "(capture/eager/mode.py)")
 _CONSTANT = ("eager `lift_fresh` vs graph `lift_fresh_copy` (functionalization) are different op types to compare; "
              "constants/Parameter.data-N has no eager counterpart")
-_GRAD_SCOPES = ("in the graph run, eager capture scopes AccumulateGrad `detach` by the parameter's dotted path "
-                "without folding never-called ModuleList/ModuleDict (`layers-ModuleList/0-ViTLayer`, "
-                "`layers-ModuleDict/enc:0-Linear`) while pure eager says `layers.0-ViTLayer` / `layers.enc:0-Linear` "
-                "(capture/eager/mode.py, scope of gradient accumulation)")
+_GRAD_SCOPES = ("in the graph run, eager capture scopes AccumulateGrad `detach` by the owner module's dotted path, "
+                "one segment per prefix, never-called ModuleList/ModuleDict included (`layers-ModuleList/0-ViTLayer`, "
+                "`layers-ModuleDict/enc:0-Linear`; capture/eager/parameters.py index_parameters), while pure eager "
+                "takes the scope its hooks saw: `layers.0-ViTLayer` / `layers.enc:0-Linear`")
 _GRAD_ADD = ("backward gradient-sum `add` scoped by the consumer's module in eager (`norm-LlamaRMSNorm/add`) and by "
              "AOT's node meta in graph mode (`Gradients/Default/<Root>/add`)")
 _DROPOUT = "dropout(p=0) in training is a `clone` in AOT's graph and no operator in eager"
