@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, Tuple
 
 import torch
 import torch.nn as nn
@@ -274,7 +274,3 @@ def module_scope(model: nn.Module, path: str) -> str:
     if isinstance(parent, (nn.ModuleList, nn.ModuleDict)) and len(parts) > 1:
         name = f"{parts[-2]}.{parts[-1]}"
     return f"{name}-{type(module).__name__}"
-
-
-def root_class(model: nn.Module) -> str:
-    return type(model).__name__

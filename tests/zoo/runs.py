@@ -30,7 +30,7 @@ from .models import MODELS, NanSwitch, ZooModel, nan_hook
 
 STEPS = 2
 NAN_STEP = 1
-KINDS = ("plain", "eager", "graph", "eager_nan", "graph_nan")
+KINDS = ("plain", "eager", "graph", "eager_nan", "graph_nan")   # what ZooRuns.get accepts
 
 
 @dataclass
