@@ -70,3 +70,24 @@ def test_the_lock_excludes_a_second_holder(tmp_path):
     first.close()
     second.lock()                              # released with the descriptor
     second.close()
+
+
+def test_a_fifo_planted_as_a_file_fails_at_once(tmp_path):
+    """A FIFO under statistic.csv's name must not block the writer for ever (O_NONBLOCK)."""
+    from opdump.write.statistic_csv import StatisticCsv
+
+    tree = DumpTree(str(tmp_path / "rank_0"))
+    tree.open()
+    os.mkfifo(os.path.join(tree.path, "statistic.csv"))
+    errors = []
+
+    def append():
+        try:
+            StatisticCsv(os.path.join(tree.path, "statistic.csv"), ("max",), tree).append_encoded(b"x\n")
+        except OSError as exc:
+            errors.append(exc)
+    t = threading.Thread(target=append, daemon=True)
+    t.start()
+    t.join(timeout=30)
+    assert not t.is_alive() and errors and errors[0].filename.endswith("statistic.csv")
+    tree.close()

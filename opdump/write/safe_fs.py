@@ -28,10 +28,12 @@ from typing import Callable, Iterator, Optional, Tuple
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-_APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+# O_NONBLOCK: a FIFO planted under a file's name fails at once (ENXIO) instead of blocking the
+# writer for ever; a regular file ignores the flag, anything else is then refused by its type
+_APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 #: folders kept open by a DumpTree (the iteration folders being written, the metadata folder…)
 OPEN_FOLDERS = 32
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 
 #: Linux limits: one name, one whole path (bytes)
 NAME_MAX = 255
@@ -49,6 +51,7 @@ class DumpLocked(OSError):
 def _walk_error(exc: OSError, where: str) -> OSError:
     if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
         return UnsafePath(exc.errno, f"opdump refuses a symbolic link (or a non-folder) inside the dump: {where}")
+    exc.filename = where                    # the full path, not the name relative to its folder
     return exc
 
 
@@ -288,6 +291,7 @@ class DumpTree:
             except OSError as exc:
                 raise _walk_error(exc, path) from None
             try:
+                _check_regular(fd, path)
                 return os.read(fd, limit)
             finally:
                 os.close(fd)
