@@ -256,8 +256,22 @@ class EagerCapture(OperatorPath):
         listing = self.listing
         folder = self._folder(state)
         if listing.dirty:
-            layout.write_listing(gid, "eager", list(listing.ops.values()), listing.params)
+            ops, params = list(listing.ops.values()), list(listing.params)
             listing.dirty = False
+            listing.version += 1
+            if listing.order_written and self._active:
+                # it grew in a later iteration: rendered off the training thread, and only if no
+                # newer version was queued meanwhile (writer threads may run them out of order)
+                version = listing.version
+
+                def write_if_latest():
+                    with listing.lock:
+                        if version == listing.version:
+                            layout.write_listing(gid, "eager", ops, params)
+                self.session.writer.submit(write_if_latest)
+            else:
+                with listing.lock:
+                    layout.write_listing(gid, "eager", ops, params)
         names = state.names
         if not listing.order_written:
             layout.write_execution_order(gid, names)

@@ -9,6 +9,7 @@ each iteration keeps its own execution order in its folder.
 from __future__ import annotations
 
 import enum
+import threading
 from typing import Dict, List, Optional, Tuple
 
 from torch.utils.weak import WeakIdKeyDictionary
@@ -39,6 +40,8 @@ class Listing:
         self.param_names: set = set()
         self.producers = WeakIdKeyDictionary()           # tensor -> "%N" / "%paraK_name" in .ir lines
         self.dirty = False
+        self.version = 0                                 # bumped at every write of the files
+        self.lock = threading.Lock()                     # one writer thread writes them at a time
         self.order_written = False                       # the graph-level execution order (first iteration)
 
     def add(self, op: OpInfo) -> None:
