@@ -168,6 +168,11 @@ def test_wrapper_taps_every_call_form():
     Triton kernels by their signatures, unmarked lines untouched."""
     source = '''
 cpp_fused_a_0 = async_compile.cpp_pybinding(['const float*', 'float*', 'float*', 'const int64_t'], r"""x""")
+cpp_fused_c_2 = async_compile.cpp_pybinding(['at::BFloat16*', 'const float*'], r"""
+extern "C"  void  kernel(at::BFloat16* in_out_ptr0,
+                       const float* in_ptr0)
+{}
+""")
 triton_poi_b_1 = async_compile.triton('triton_poi_b_1', """
 def triton_poi_b_1(in_ptr0, in_out_ptr0, out_ptr1, xnumel, XBLOCK : tl.constexpr):
     pass
@@ -185,17 +190,23 @@ def call(args):
         buf1, a, b, [2], (1,), (0,), (1,), False, (0,), 1, [True, True, True])
     # [Provenance debug handles] triton_poi_b_1:4
     triton_poi_b_1.run(buf1, buf2, buf7, 16, stream=stream0)
+    buf9 = reinterpret_tensor(buf7, (2, ), (1, ), 0); del buf7  # reuse
+    # [Provenance debug handles] cpp_fused_c_2:5
+    cpp_fused_c_2(buf9, buf6)
     return (buf6, )
 '''
     text, calls = instrument_wrapper(source, tag="t")
-    assert [c.outputs for c in calls] == [["buf0"], ["buf1", "buf2"], ["buf6"], ["buf2", "buf7"]]
+    assert [c.outputs for c in calls] == [["buf0"], ["buf1", "buf2"], ["buf6"], ["buf2", "buf7"], ["buf9"]]
+    # what each call reads: in_out_ptr arguments as the buffer they reuse (buf9 is buf7's memory)
+    assert [c.inputs for c in calls] == [[], ["buf0"], ["buf1"], ["buf1", "buf2"], ["buf6", "buf7"]]
     assert [(c.kernel, c.handle) for c in calls][2] == ("torch.ops.aten.convolution_backward.default", 3)
     lines = text.splitlines()
     assert lines[0] == "# t"
     for c in calls:
         assert not lines[c.line - 1].lstrip().startswith("#")
     taps = [line.strip() for line in lines if TAP in line]
-    assert taps == [f"{TAP}(0, (buf0,))", f"{TAP}(1, (buf1, buf2,))", f"{TAP}(2, (buf6,))", f"{TAP}(3, (buf2, buf7,))"]
+    assert taps == [f"{TAP}(0, (buf0,))", f"{TAP}(1, (buf1, buf2,))", f"{TAP}(2, (buf6,))", f"{TAP}(3, (buf2, buf7,))",
+                    f"{TAP}(4, (buf9,))"]
     # the multi-line call stays whole, its tap after its last line
     i = next(n for n, line in enumerate(lines) if "convolution_backward.default(" in line)
     assert lines[i + 2].strip() == f"{TAP}(2, (buf6,))"

@@ -73,6 +73,8 @@ OPDUMP_FIELDS = {
     "eager_capture": v.Field(v.choice("model", "all")),
     # graph mode: dump ATen operators run one by one (default) or inductor's compiled kernels
     "graph_dump": v.Field(v.choice("operators", "kernels")),
+    # kernels mode: also run the operator reference in dumped iterations and name the first diverging kernel
+    "compare_compiled": v.Field(v.boolean),
     # a rank folder that already holds a dump: refuse (default), write to {path}-N, or empty it first
     "existing": v.Field(v.choice("refuse", "new-folder", "overwrite")),
 }

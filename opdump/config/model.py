@@ -65,6 +65,7 @@ class DumpConfig:
     writer_threads: int = 2
     eager_capture: str = "model"                # model: inside modules/backward/optimizer; all: everything
     graph_dump: str = "operators"               # graph mode: operators (one by one) | kernels (inductor's, observed)
+    compare_compiled: bool = False              # kernels mode: compare each kernel with the eager operator reference
     existing: str = "refuse"                    # a rank folder holding a dump: refuse | new-folder | overwrite
     # -- ACL / torchair dialect extras (README, "Other dialects"); the session refuses the ACL layout
     layout: str = "mindspore"                   # mindspore | acl

@@ -52,6 +52,9 @@ def apply_rules(kw: Mapping[str, Any], names: Mapping[str, str]) -> Dict[str, An
                                  "(exception dump saves only inputs)")
         out["input_output"] = 1
         out["iteration"] = IterationSpec(all=True)
+    if d.get("compare_compiled") and d.get("graph_dump") != "kernels":
+        fail("compare_compiled", f'needs {names.get("graph_dump", "graph_dump")} "kernels" '
+                                 "(it compares inductor's kernels with the operator reference)")
     if op == 0 and d["dump_mode"] == 1 and not d["kernels"]:
         fail("kernels", f'must name at least one kernel when {names.get("dump_mode", "dump_mode")} is 1')
     return out

@@ -38,7 +38,6 @@ import torch.fx as fx
 from torch._dynamo.exc import RestartAnalysis, SkipFrame
 
 from . import faults
-from ..kernels.compile import compile_kernels, is_inductor
 from .frames import frame_key, root_class
 from .inputs import input_names, lifted_constants, param_positions
 from .instrument import instrument, uninstrument
@@ -119,6 +118,7 @@ class GraphCapture:
         device = next((t.device for t in example_inputs if isinstance(t, torch.Tensor)), torch.device("cpu"))
         self.device_ok = self.session.device_allowed(device)
         if self.session.config.graph_dump == "kernels":
+            from ..kernels.compile import compile_kernels, is_inductor   # not at import: kernels imports graph
             if is_inductor(self.real):
                 return compile_kernels(self, gm, example_inputs, self.real_options, self.real)
             _warn_not_inductor(self.real)

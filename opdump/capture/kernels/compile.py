@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import uuid
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 import torch.fx as fx
@@ -41,6 +42,7 @@ from ..graph import faults
 from ..graph.inputs import lifted_constants, param_positions
 from ..graph.runtime import GraphRuntime
 from ..op_info import OpInfo
+from .compare import Comparison, Reference, buffer_origin_pass, reference_copy
 from .origins import FusedOp, Origins
 from .wrapper import TAP, KernelCall, instrument_wrapper
 
@@ -89,11 +91,22 @@ def _compile_one(capture, gm: fx.GraphModule, inputs, kwargs: dict, kind: str, c
         capture.fail(exc, f"reading the {kind} graph's operators")
     if origins is None:
         return compile_fx_inner(gm, inputs, **kwargs)
-    with inductor_debug.reset_provenance_globals(), inductor_config.patch(DUMP_PATCHES):
+    patches = dict(DUMP_PATCHES)
+    reference = None
+    if session.config.compare_compiled:
+        try:
+            buffer_origins: Dict[str, Optional[str]] = {}
+            reference = Reference(reference_copy(gm), buffer_origins)
+            patches["_post_fusion_custom_pass"] = buffer_origin_pass(
+                buffer_origins, inductor_config._post_fusion_custom_pass)
+        except Exception as exc:  # noqa: BLE001
+            capture.fail(exc, f"copying the {kind} graph for its reference run")
+            return compile_fx_inner(gm, inputs, **kwargs)
+    with inductor_debug.reset_provenance_globals(), inductor_config.patch(patches):
         compiled = compile_fx_inner(gm, inputs, **kwargs)
         provenance = {k: list(v) for k, v in inductor_debug._inductor_triton_kernel_to_post_grad_node_info.items()}
     try:
-        _observe(capture, session, compiled, gm, kind, origins, provenance, params, constants)
+        _observe(capture, session, compiled, gm, kind, origins, provenance, params, constants, reference)
     except Exception as exc:  # noqa: BLE001
         capture.fail(exc, f"instrumenting the {kind} graph's kernels")
     return compiled
@@ -161,8 +174,27 @@ def kernels_json(graph_id: int, kind: str, ops: List[OpInfo], calls: List[Kernel
     return json.dumps(doc, indent=1)
 
 
+def _write_report(runtime, comparison: Comparison, folder: str, code_path: str) -> None:
+    """``{iteration folder}/compiled_vs_eager_graph_{g}.json``, and one console line naming the
+    first diverging kernel (README, "Kernel-level graph dump")."""
+    session = runtime.session
+    try:
+        iteration = session.iteration
+        report = comparison.report(runtime.graph_id, runtime.kind, iteration, code_path)
+        os.makedirs(folder, exist_ok=True)
+        session.layout.write_small(os.path.join(folder, f"compiled_vs_eager_graph_{runtime.graph_id}.json"),
+                                   json.dumps(report, indent=1, default=str).encode())
+        first = report["first_divergence"]
+        if first is not None:
+            print(f"opdump: compare_compiled: iteration {iteration}, {runtime.kind} graph {runtime.graph_id}: "
+                  f"first diverging kernel {first['kernel']} ({first['full_name']}; fused "
+                  f"{', '.join(first['fused_operators'])}; {', '.join(first['source'][-1:])})", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001
+        runtime._failed(exc, "writing compiled_vs_eager")
+
+
 def _observe(capture, session, compiled, lowered: fx.GraphModule, kind: str, origins: Origins,
-             provenance: Dict[str, List[str]], params, constants) -> None:
+             provenance: Dict[str, List[str]], params, constants, reference: Optional[Reference]) -> None:
     from torch._inductor.codecache import PyCodeCache
 
     source = getattr(compiled, "source_code", None)
@@ -186,8 +218,16 @@ def _observe(capture, session, compiled, lowered: fx.GraphModule, kind: str, ori
     layout.write_small(layout.ir_path(graph_id, "kernels.json"),
                        kernels_json(graph_id, kind, ops, calls, code_path).encode())
     dump_outputs = session.config.dump_outputs
+    comparing: List = [None]           # the Comparison of the dumped call in progress
 
     def tap(index: int, outputs) -> None:
+        comparison = comparing[0]
+        if comparison is not None:
+            try:
+                comparison.check(calls[index], ops[index], outputs)
+            except Exception as exc:  # noqa: BLE001 - the dump must never break the step
+                comparing[0] = None
+                runtime._failed(exc, f"comparing {ops[index].full_name} with its reference")
         if dump_outputs and ops[index].selected:
             runtime.tap_outputs(index, outputs)
 
@@ -195,11 +235,21 @@ def _observe(capture, session, compiled, lowered: fx.GraphModule, kind: str, ori
     inner_call = module.call
 
     def call(args):
+        live = runtime.session
+        if reference is not None and live is not None and live.is_dumping():
+            try:
+                comparing[0] = reference.run(list(args))
+            except Exception as exc:  # noqa: BLE001
+                runtime._failed(exc, "the reference run")
         runtime.begin(args)
+        folder = runtime.folder
         try:
             return inner_call(args)
         finally:
             runtime.end()
+            comparison, comparing[0] = comparing[0], None
+            if comparison is not None and folder is not None:
+                _write_report(runtime, comparison, folder, code_path)
 
     faults.check(f"compile:{kind}")
     compiled.current_callable = call

@@ -41,11 +41,24 @@ class KernelCall:
     handle: int                   # provenance debug handle (key ``kernel:handle``)
     line: int                     # line of the call in the instrumented module (1-based)
     outputs: List[str] = field(default_factory=list)   # the output expressions, as written
+    inputs: List[str] = field(default_factory=list)    # intermediate buffers (buf*) the call reads
 
 
-def _cpp_signatures(tree: ast.Module) -> Dict[str, List[bool]]:
-    """``name = async_compile.cpp_pybinding(['const float*', 'float*', ...], src)`` → written-to flags."""
-    out: Dict[str, List[bool]] = {}
+_CPP_KERNEL = re.compile(r"void\s+kernel\s*\((?P<params>[^)]*)\)")
+
+
+def _role(param: str) -> str:
+    """``in`` / ``out`` / ``inout`` of a kernel parameter by inductor's naming (in_ptr, out_ptr, in_out_ptr)."""
+    names = re.findall(r"\b(in_out_ptr|out_ptr)\d+\b", param)    # C++ (at::BFloat16* in_out_ptr0) or Triton
+    if not names:
+        return "in"
+    return "inout" if names[0] == "in_out_ptr" else "out"
+
+
+def _cpp_signatures(tree: ast.Module) -> Dict[str, List[str]]:
+    """``name = async_compile.cpp_pybinding(['const float*', 'float*', ...], src)`` → argument roles
+    (the parameter names of ``kernel(...)`` in ``src``; without them, non-const pointers are outputs)."""
+    out: Dict[str, List[str]] = {}
     for node in ast.walk(tree):
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
             continue
@@ -54,16 +67,23 @@ def _cpp_signatures(tree: ast.Module) -> Dict[str, List[bool]]:
                 and call.func.attr == "cpp_pybinding" and call.args and isinstance(call.args[0], ast.List)):
             continue
         types = [e.value for e in call.args[0].elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
-        out[node.targets[0].id] = [t.strip().endswith("*") and not t.strip().startswith("const") for t in types]
+        roles = ["out" if t.strip().endswith("*") and not t.strip().startswith("const") else "in" for t in types]
+        src = call.args[1].value if len(call.args) > 1 and isinstance(call.args[1], ast.Constant) else ""
+        m = _CPP_KERNEL.search(str(src))
+        if m:
+            named = [_role(p) for p in m.group("params").split(",") if p.strip()]
+            if len(named) == len(roles):
+                roles = named
+        out[node.targets[0].id] = roles
     return out
 
 
 _TRITON_DEF = re.compile(r"def\s+(?P<name>\w+)\((?P<params>[^)]*)\)")
 
 
-def _triton_signatures(tree: ast.Module) -> Dict[str, List[bool]]:
-    """``name = async_compile.triton('name', '''...def name(in_ptr0, out_ptr0, ...)''')`` → written-to flags."""
-    out: Dict[str, List[bool]] = {}
+def _triton_signatures(tree: ast.Module) -> Dict[str, List[str]]:
+    """``name = async_compile.triton('name', '''...def name(in_ptr0, out_ptr0, ...)''')`` → argument roles."""
+    out: Dict[str, List[str]] = {}
     for node in ast.walk(tree):
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
             continue
@@ -74,11 +94,23 @@ def _triton_signatures(tree: ast.Module) -> Dict[str, List[bool]]:
         m = _TRITON_DEF.search(str(call.args[1].value))
         if m:
             params = [p.split(":")[0].strip() for p in m.group("params").split(",") if p.strip()]
-            out[node.targets[0].id] = [p.startswith(("out_ptr", "in_out_ptr")) for p in params]
+            out[node.targets[0].id] = [_role(p) for p in params]
     return out
 
 
-def _outputs(stmt: ast.stmt, cpp: Dict[str, List[bool]], triton: Dict[str, List[bool]]) -> List[str]:
+def _roles(stmt: ast.stmt, cpp, triton) -> Optional[List[str]]:
+    call = stmt.value if isinstance(stmt, ast.Expr) else None
+    if not isinstance(call, ast.Call):
+        return None
+    func = call.func
+    if isinstance(func, ast.Name):
+        return cpp.get(func.id)
+    if isinstance(func, ast.Attribute) and func.attr == "run" and isinstance(func.value, ast.Name):
+        return triton.get(func.value.id)
+    return None
+
+
+def _outputs(stmt: ast.stmt, cpp: Dict[str, List[str]], triton: Dict[str, List[str]]) -> List[str]:
     if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
         return [stmt.targets[0].id]                       # buf6 = torch.ops.aten.x.default(...)
     if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)):
@@ -87,15 +119,61 @@ def _outputs(stmt: ast.stmt, cpp: Dict[str, List[bool]], triton: Dict[str, List[
     for kw in call.keywords:
         if kw.arg == "out":                               # extern_kernels.mm(a, b, out=buf3)
             return [ast.unparse(kw.value)]
-    func = call.func
-    flags: Optional[List[bool]] = None
-    if isinstance(func, ast.Name):
-        flags = cpp.get(func.id)
-    elif isinstance(func, ast.Attribute) and func.attr == "run" and isinstance(func.value, ast.Name):
-        flags = triton.get(func.value.id)
-    if flags is None:
+    roles = _roles(stmt, cpp, triton)
+    if roles is None:
         return []
-    return [ast.unparse(arg) for arg, written in zip(call.args, flags) if written]
+    return [ast.unparse(arg) for arg, role in zip(call.args, roles) if role != "in"]
+
+
+def _reuses(tree: ast.Module) -> Dict[str, str]:
+    """``buf2 = buf1`` / ``buf4 = reinterpret_tensor(buf3, ...)`` (inductor's buffer reuse): new → old."""
+    out: Dict[str, str] = {}
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id.startswith("buf")):
+            continue
+        value = node.value
+        if (isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
+                and value.func.id == "reinterpret_tensor" and value.args):
+            value = value.args[0]
+        if isinstance(value, ast.Name) and value.id.startswith("buf"):
+            out[node.targets[0].id] = value.id
+    return out
+
+
+def buffer_names(expressions) -> List[str]:
+    """The ``buf*`` names an expression list refers to (``reinterpret_tensor(buf3, ...)`` → buf3)."""
+    names: List[str] = []
+    for text in expressions:
+        for node in ast.walk(ast.parse(text, mode="eval")):
+            if isinstance(node, ast.Name) and node.id.startswith("buf") and node.id not in names:
+                names.append(node.id)
+    return names
+
+
+def _inputs(stmt: ast.stmt, outputs: List[str], cpp, triton, reuses: Dict[str, str]) -> List[str]:
+    """The buffers a call reads: its ``buf*`` arguments that it does not only write; an
+    argument written in place (``in_out_ptr``) is read as the buffer it reuses, if any."""
+    call = stmt.value if isinstance(stmt, (ast.Expr, ast.Assign)) else None
+    if not isinstance(call, ast.Call):
+        return []
+    roles = _roles(stmt, cpp, triton) or []
+    read, inout = [], []
+    for i, arg in enumerate(call.args):
+        role = roles[i] if i < len(roles) else ("in" if not roles else "out")
+        if role == "in":
+            read.append(ast.unparse(arg))
+        elif role == "inout":
+            inout.append(ast.unparse(arg))
+    read += [ast.unparse(k.value) for k in call.keywords if k.arg != "out"]
+    written = set(buffer_names(outputs)) - set(buffer_names(inout))
+    names = [n for n in buffer_names(read) if n not in written]
+    for name in buffer_names(inout):
+        while name in reuses:
+            name = reuses[name]
+        if name not in names:
+            names.append(name)
+    return names
 
 
 def instrument_wrapper(source: str, tag: str = "") -> Tuple[str, List[KernelCall]]:
@@ -104,7 +182,7 @@ def instrument_wrapper(source: str, tag: str = "") -> Tuple[str, List[KernelCall
     ``tag`` is added as a first comment line so that the instrumented module is
     a module of its own (inductor's code cache keys modules by their source)."""
     tree = ast.parse(source)
-    cpp, triton = _cpp_signatures(tree), _triton_signatures(tree)
+    cpp, triton, reuses = _cpp_signatures(tree), _triton_signatures(tree), _reuses(tree)
     lines = source.splitlines()
     marked: List[Tuple[int, str, ast.stmt]] = []          # (handle, kernel, statement)
     for node in ast.walk(tree):
@@ -122,7 +200,7 @@ def instrument_wrapper(source: str, tag: str = "") -> Tuple[str, List[KernelCall
     inserts: List[Tuple[int, str]] = []                    # (after line, text)
     for index, (handle, kernel, stmt) in enumerate(marked):
         outs = _outputs(stmt, cpp, triton)
-        call = KernelCall(index, kernel, handle, stmt.lineno, outs)
+        call = KernelCall(index, kernel, handle, stmt.lineno, outs, _inputs(stmt, outs, cpp, triton, reuses))
         calls.append(call)
         if outs:
             indent = lines[stmt.lineno - 1][: stmt.col_offset]
