@@ -26,6 +26,8 @@ import torch  # noqa: E402
 
 import opdump  # noqa: E402
 from bench import harness as H  # noqa: E402
+from bench import dumps as D  # noqa: E402
+from bench import machine  # noqa: E402
 from bench import models as M  # noqa: E402
 from bench.modes import (BEYOND_RAM_LIMIT_MB, EAGER_FLOOR_MODE, EAGER_MODES, FLOOR_MODE,  # noqa: E402
                          GRAPH_MODES, MEMORY_QUEUE_MB, MSPROBE_VENV, QUICK_MODES, EagerToggle,
@@ -92,7 +94,7 @@ class Bench:
         """Time ``label`` (a dump config) against ``base_step``, interleaved; dump deleted after."""
         d = self.folder(label)
         dump = os.path.join(d, "dump")
-        cfg = H.write_config(d, dump, **cfgkw)
+        cfg = D.write_config(d, dump, **cfgkw)
         out: Dict[str, Any] = {"mode": label}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -118,24 +120,24 @@ class Bench:
                 # after each block of the dump, so that both meet the same disk and page-cache state
                 npsave = None
                 if writes and throughput:
-                    npsave = H.NumpySaveBaseline(H.load_iteration_arrays(dump), os.path.join(dump, "numpy-save"))
-                H.prune_iterations(dump, keep_last=False)
+                    npsave = D.NumpySaveBaseline(D.load_iteration_arrays(dump), os.path.join(dump, "numpy-save"))
+                D.prune_iterations(dump, keep_last=False)
                 b0, f0 = session.writer.bytes_written, session.writer.files_written
                 r0 = session.recorder.tensors_recorded
 
                 def enter():
                     if writes:
-                        H.sync_disk()
+                        D.sync_disk()
                     if toggle:
                         toggle.enter()
 
                 def after_block():
-                    H.prune_iterations(dump, keep_last=True)
+                    D.prune_iterations(dump, keep_last=True)
                     if npsave is not None:
                         npsave.round(len(mode.blocks[-1]))      # as many times as the block's steps
 
                 mode = H.Side(w.step, enter=enter, exit=toggle.exit if toggle else None,
-                              drain=(lambda: (session.writer.flush(), H.sync_disk())) if writes
+                              drain=(lambda: (session.writer.flush(), D.sync_disk())) if writes
                               else session.writer.flush, after_block=after_block)
                 base = self.pair(base_step, mode, step_s, writes, tight="iteration" in cfgkw)
                 n = len(mode.times)
@@ -167,7 +169,7 @@ class Bench:
                 session.__exit__(None, None, None)
                 out["close_s"] = time.perf_counter() - t0
         if cfgkw.get("saved_data") in ("statistic", "full") and "iteration" not in cfgkw:
-            out.update(H.statistic_volume(dump))
+            out.update(D.statistic_volume(dump))
         shutil.rmtree(d, ignore_errors=True)
         gc.collect()
         return out
@@ -330,11 +332,11 @@ class Bench:
     def beyond_ram(self, modes: List[str]) -> Dict[str, Any]:
         """Target 4's second half: the tensor dumps above, each in a child given less RAM (a
         memory cgroup: resident memory and page cache) than the bytes it dumps per step."""
-        out: Dict[str, Any] = {"limit_mib": BEYOND_RAM_LIMIT_MB, "runs": {}, "swap_mib": H.swap_total_mib()}
+        out: Dict[str, Any] = {"limit_mib": BEYOND_RAM_LIMIT_MB, "runs": {}, "swap_mib": machine.swap_total_mib()}
         for mode in modes:
             log(f"[memory] {mode} in a {BEYOND_RAM_LIMIT_MB} MiB memory cgroup")
             try:
-                cg = H.MemoryCgroup.create(f"opdump-bench-{os.getpid()}-{mode}", BEYOND_RAM_LIMIT_MB << 20)
+                cg = machine.MemoryCgroup.create(f"opdump-bench-{os.getpid()}-{mode}", BEYOND_RAM_LIMIT_MB << 20)
             except OSError as exc:
                 out["not_measured"] = f"no memory cgroup could be made here ({exc})"
                 return out
@@ -355,7 +357,7 @@ class Bench:
             torch._dynamo.reset()
             d = self.folder("profile-" + label)
             dump = os.path.join(d, "dump")
-            cfg = H.write_config(d, dump, **cfgkw)
+            cfg = D.write_config(d, dump, **cfgkw)
             steps = 1 if self.quick else 3
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")

@@ -19,7 +19,8 @@ if ROOT not in sys.path:
 import torch  # noqa: E402
 
 import opdump  # noqa: E402
-from bench import harness as H  # noqa: E402
+from bench import dumps as D  # noqa: E402
+from bench import machine  # noqa: E402
 from bench import models as M  # noqa: E402
 from bench.modes import MEMORY_QUEUE_MB  # noqa: E402
 
@@ -28,7 +29,7 @@ def child_memory(mode: str, quick: bool, tmp: str) -> None:
     """One process, one mode: peak RSS of a few MLP training steps."""
     w = M.mlp(quick)
     steps = 3
-    before = H.peak_rss_mib()
+    before = machine.peak_rss_mib()
     d = tempfile.mkdtemp(prefix=f"mem-{mode}-", dir=tmp)
     dump = os.path.join(d, "dump")
     result: Dict[str, Any] = {"mode": mode, "model": w.describe}
@@ -43,7 +44,7 @@ def child_memory(mode: str, quick: bool, tmp: str) -> None:
         else:
             saved = {"graph-tensor": "tensor", "eager-tensor": "tensor",
                      "graph-statistic-device": "statistic"}[mode]
-            cfg = H.write_config(d, dump, saved_data=saved, stat_calc_mode="device", queue_mb=MEMORY_QUEUE_MB)
+            cfg = D.write_config(d, dump, saved_data=saved, stat_calc_mode="device", queue_mb=MEMORY_QUEUE_MB)
             with opdump.Session(cfg) as session:
                 if mode.startswith("graph"):
                     w.run_model = torch.compile(w.model, backend=session.backend())
@@ -66,6 +67,6 @@ def child_memory(mode: str, quick: bool, tmp: str) -> None:
             result["npy_bytes_on_disk"] = sum(os.path.getsize(f) for f in files)
     result["seconds"] = time.perf_counter() - t0
     result["rss_before_mib"] = before
-    result["peak_rss_mib"] = H.peak_rss_mib()
+    result["peak_rss_mib"] = machine.peak_rss_mib()
     shutil.rmtree(d, ignore_errors=True)
     print("RESULT " + json.dumps(result), flush=True)

@@ -24,6 +24,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from bench import harness as H  # noqa: E402
+from bench import dumps as D  # noqa: E402
 from bench import models as M  # noqa: E402
 
 
@@ -100,7 +101,7 @@ def main() -> int:
                     for d in steps[:-1]:
                         shutil.rmtree(os.path.join(dump, d), ignore_errors=True)
 
-                mode = H.Side(step, enter=H.sync_disk if task == "tensor" else None, after_block=prune)
+                mode = H.Side(step, enter=D.sync_disk if task == "tensor" else None, after_block=prune)
                 b = H.Side(base.step)
                 # the same schedule as bench/run.py: step by step for statistics, blocks of 3 for tensors
                 if task == "tensor":

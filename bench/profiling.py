@@ -98,7 +98,7 @@ def _probes(quick: bool) -> List[Dict[str, Any]]:
          "rel_err": abs(torch.linalg.vector_norm(x).item() - ref) / ref},
         {"what": "two-level: float32 norms of 4096-element rows, combined in float64",
          "ms": t(two_level), "rel_err": abs(two_level().item() - ref) / ref},
-        {"what": f"x.mean(dtype=float64) — opdump's CPU 'high' avg", "ms": t(lambda: x.mean(dtype=torch.float64))},
+        {"what": "x.mean(dtype=float64) — opdump's CPU 'high' avg", "ms": t(lambda: x.mean(dtype=torch.float64))},
         {"what": f"torch.aminmax({n}×{n})", "ms": t(lambda: torch.aminmax(x))},
         {"what": f"x.clone() ({n * n * 4 / 2**20:.0f} MiB) — the copy-out: a fresh allocation, page faults",
          "ms": t(lambda: x.clone(memory_format=torch.contiguous_format))},

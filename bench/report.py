@@ -13,7 +13,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 
-from bench import harness as H  # noqa: E402
+from bench import units as U  # noqa: E402
 from bench.modes import EAGER_FLOOR_MODE, FLOOR_MODE  # noqa: E402
 from bench.report_sections import (_get, MEMORY_CONSTANT_MB, memory_baseline, memory_section,  # noqa: E402
                                    msprobe_section, profile_section, scaling_section)
@@ -30,21 +30,21 @@ def fmt_row(r: Dict[str, Any]) -> str:
     tput = ""
     if r.get("throughput_ratio_raw") is not None:
         eff = r.get("throughput_ratio_effective")
-        tput = (f"{H.mbps(r['dump_rate_raw'])} raw = {r['throughput_ratio_raw']:.0%} of numpy.save's"
-                f" {H.mbps(r['numpy_rate'])}"
-                + (f"; {H.mbps(r['dump_rate_effective'])} effective = {eff:.0%}" if eff else ""))
+        tput = (f"{U.mbps(r['dump_rate_raw'])} raw = {r['throughput_ratio_raw']:.0%} of numpy.save's"
+                f" {U.mbps(r['numpy_rate'])}"
+                + (f"; {U.mbps(r['dump_rate_effective'])} effective = {eff:.0%}" if eff else ""))
     per_step = ""
     if r.get("tensors_per_step"):
         per_step = f"{r['tensors_per_step']:.0f} tensors"
         if r.get("bytes_per_step"):
             per_step += f", {r['bytes_per_step'] / 2**20:.1f} MiB in {r['files_per_step']:.0f} files"
     base = r.get("base_median")
-    amort = "" if r.get("amortized") is None else f"{H.ms(r['amortized'])} ({r['amortized_ratio']:.2f}×)"
+    amort = "" if r.get("amortized") is None else f"{U.ms(r['amortized'])} ({r['amortized_ratio']:.2f}×)"
     if base is None:
-        return (f"| {r['mode']} | {H.ms(r['median'])} | – | 1.00× | | | | | | {r.get('steps', '')} | "
+        return (f"| {r['mode']} | {U.ms(r['median'])} | – | 1.00× | | | | | | {r.get('steps', '')} | "
                 f"{r.get('spread', float('nan')):.0%} | |")
-    return (f"| {r['mode']} | {H.ms(r['median'])} | {r.get('baseline', '–')} {H.ms(base)} | "
-            f"**{H.ratio(r.get('ratio'))}** | {H.ratio(r.get('paired_ratio'))} | {H.ratio(r.get('cpu_ratio'))} | "
+    return (f"| {r['mode']} | {U.ms(r['median'])} | {r.get('baseline', '–')} {U.ms(base)} | "
+            f"**{U.ratio(r.get('ratio'))}** | {U.ratio(r.get('paired_ratio'))} | {U.ratio(r.get('cpu_ratio'))} | "
             f"{amort} | {per_step} | {tput} | {r.get('steps', '')} | "
             f"{r.get('spread', float('nan')):.0%} / {r.get('base_spread', float('nan')):.0%} | "
             f"{r.get('neighbours', float('nan')):.2f} |")

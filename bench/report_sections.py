@@ -12,7 +12,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 
-from bench import harness as H  # noqa: E402
+from bench import units as U  # noqa: E402
 
 
 def _get(models, name, mode):
@@ -63,11 +63,11 @@ def msprobe_section(ms: Dict[str, Any], models, torch_version: str) -> List[str]
             if row is None or "error" in row:
                 return "–"
             n = f" ({row['tensors_per_step']:.0f} tensors)" if row.get("tensors_per_step") else ""
-            return H.ratio(row.get("ratio")) + n
+            return U.ratio(row.get("ratio")) + n
         st = r.get("statistics", {})
         te = r.get("tensor", {})
-        L.append(f"| {name} | {H.ratio(st.get('ratio'))}{counts(st)} | {od('graph statistic device')} | "
-                 f"{od('eager statistic device')} | {H.ratio(te.get('ratio'))}{counts(te)} | {od('graph tensor')} | "
+        L.append(f"| {name} | {U.ratio(st.get('ratio'))}{counts(st)} | {od('graph statistic device')} | "
+                 f"{od('eager statistic device')} | {U.ratio(te.get('ratio'))}{counts(te)} | {od('graph tensor')} | "
                  f"{od('eager tensor')} |")
     L.append("")
     L.append("MindStudio Probe's L1 dump sees torch API calls (`Functional.conv2d`, `Tensor.add`…: fewer, "
@@ -150,9 +150,9 @@ def scaling_section(sc: Dict[str, Any]) -> List[str]:
             continue
         e = row.get("eager")
         per = (g["median"] - g["base_median"]) / g["tensors_per_step"] if g.get("tensors_per_step") else None
-        L.append(f"| {row['layers']} | {H.ms(g['base_median'])} | {H.ms(g['median'])} | {H.ratio(g['ratio'])} | "
+        L.append(f"| {row['layers']} | {U.ms(g['base_median'])} | {U.ms(g['median'])} | {U.ratio(g['ratio'])} | "
                  f"{g.get('tensors_per_step', 0):.0f} | {'–' if per is None else f'{per * 1e6:.0f} µs'} | "
-                 f"{H.ratio(e['ratio']) if e and 'error' not in e else '–'} |")
+                 f"{U.ratio(e['ratio']) if e and 'error' not in e else '–'} |")
     L.append("")
     L.append("By tensor size (the MLP's width; statistic dump, device mode, graph):")
     L.append("")
@@ -163,7 +163,7 @@ def scaling_section(sc: Dict[str, Any]) -> List[str]:
         if not g or "error" in g:
             L.append(f"| {row['width']} | error: {row.get('error') or g.get('error')} | | | |")
             continue
-        L.append(f"| {row['width']} | {H.ms(g['base_median'])} | {H.ms(g['median'])} | {H.ratio(g['ratio'])} | "
+        L.append(f"| {row['width']} | {U.ms(g['base_median'])} | {U.ms(g['median'])} | {U.ratio(g['ratio'])} | "
                  f"{_per_mib(g)} |")
     return L
 

@@ -55,7 +55,7 @@ def _write_whole(path: str, text: str) -> None:
 
 def measure(args) -> Dict[str, Any]:
     """Every measurement the report needs, as plain data (see :mod:`bench.measure`)."""
-    from bench import harness as H
+    from bench import machine
     from bench.measure import Bench
     from bench.modes import MEMORY_QUEUE_MB
 
@@ -63,7 +63,7 @@ def measure(args) -> Dict[str, Any]:
     bench = Bench(args)
     skip = set(filter(None, args.skip.split(",")))
     try:
-        info = H.machine_info(bench.tmp)
+        info = machine.machine_info(bench.tmp)
         models = [bench.model(name) for name in filter(None, args.models.split(","))]
         scaling = {} if "scaling" in skip else bench.scaling()
         memory = {"queue_mb": MEMORY_QUEUE_MB, "runs": {}} if "memory" in skip else bench.memory()
