@@ -1,4 +1,4 @@
-"""Eager capture (SPEC F11, F12, F3 dump_mode 2): a TorchDispatchMode front-end.
+"""Eager capture (README, Eager mode; dump_mode 2): a TorchDispatchMode front-end.
 
 Every dumped tensor is checked against an independent capture of the same
 computation run outside opdump (forward hooks and ``retain_grad`` on a deep
@@ -228,7 +228,7 @@ def test_cnn_ir_listing_with_source_lines(cnn_run):
     assert "# Graph kind: eager" in text
     assert "%para1_conv.weight: <Tensor[Float32], (4, 3, 3)>".replace("(4, 3, 3)", "(4, 3, 3, 3)") in text
     assert "full_name_with_scope: (Default/CNN/conv-Conv2d/convolution-op0)" in text
-    # the user's lines, in the seed's form
+    # the user's lines, in the .ir's form
     assert f"# In file {THIS_FILE}(" in text
     assert "/ y = F.max_pool2d(torch.relu(self.bn(self.conv(x))), 2)/" in text
     with open(os.path.join(cnn_run["root"], "rank_0", "graphs", "ms_output_trace_code_graph_0.json")) as f:

@@ -1,6 +1,6 @@
 """Eager capture next to the graph front-end: a model that compiles one sub-module
 and runs the rest eagerly is dumped completely, once, with names that do not
-collide (SPEC F11, issue 6 point 6)."""
+collide (README, Eager mode)."""
 import os
 
 import numpy as np

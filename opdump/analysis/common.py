@@ -71,8 +71,8 @@ def is_random_op(op_type: Any) -> bool:
 
 
 def is_garbage(op_type: Any, io: str, slot: int) -> bool:
-    """Does this tensor hold undefined values (F30a)? Outputs of ``empty*``; the first input
-    (the destination) of wholesale-overwrite operators."""
+    """Does this tensor hold undefined values (README, compare: *skipped*)? Outputs of
+    ``empty*``; the first input (the destination) of wholesale-overwrite operators."""
     b = base_op_type(op_type)
     if io == "output" and b in EMPTY_OPS:
         return True

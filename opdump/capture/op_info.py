@@ -38,7 +38,7 @@ class SourceLine:
     function: str = ""
 
     def ir(self) -> str:
-        """The seed's form: ``# In file <path>(<line>)/ <code>/``."""
+        """The ``.ir`` form (README, Output layout): ``# In file <path>(<line>)/ <code>/``."""
         return f"# In file {self.file}({self.line})/ {self.code}/"
 
 
