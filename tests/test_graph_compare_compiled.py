@@ -112,3 +112,72 @@ def test_wrong_lowering_is_the_first_diverging_kernel(tmp_path):
     assert first["input_status"] and set(first["input_status"].values()) == {"equal"}
     with torch.no_grad():
         assert torch.allclose(out, (torch.relu(model.fc(x)) + 1.0) * 2.5 * 3.0)    # compiled values kept
+
+
+class Drop(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 16)
+        self.drop = nn.Dropout(0.3)
+        self.fc2 = nn.Linear(16, 2)
+
+    def forward(self, x):
+        h = self.drop(torch.relu(self.fc1(x)))             # DROP-LINE
+        torch._dynamo.graph_break()
+        return self.fc2(h).square().sum()
+
+
+def _train_drop(backend_of, cfg=None):
+    torch.manual_seed(3)
+    model = Drop()
+    xs = [torch.randn(6, 8) for _ in range(3)]
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    losses, grads = [], []
+
+    def steps(backend):
+        compiled = torch.compile(model, backend=backend)
+        for x in xs:
+            loss = compiled(x)
+            loss.backward()
+            losses.append(loss.detach().clone())
+            grads.append([p.grad.clone() for p in model.parameters()])
+            opt.step()
+            opt.zero_grad()
+
+    torch._dynamo.reset()
+    if cfg is None:
+        steps("inductor")
+    else:
+        with opdump.Session(cfg) as session:
+            steps(session.backend())
+    torch._dynamo.reset()
+    return losses, grads, [p.detach().clone() for p in model.parameters()]
+
+
+def test_compare_keeps_training_bit_identical_with_dropout_and_graph_break(tmp_path):
+    """The reference runs (eager and float64) draw random numbers too: the RNG state is restored
+    before the compiled code runs, so a compared training (forward and backward, two graphs
+    from a graph break, dropout) is bit-identical to the plain compiled one; dropout's kernels
+    draw from inductor's generator: reported ``random``, and what follows from them is not
+    named as a divergence."""
+    cfg = write_config(tmp_path, common={"iteration": "0|1", "saved_data": "statistic", "net_name": "Drop"},
+                       extra={"opdump_settings": {"graph_dump": "kernels", "compare_compiled": True}})
+    compared = _train_drop(None, cfg)
+    plain = _train_drop(None)
+    for a, b in zip(compared[0], plain[0]):
+        assert torch.equal(a, b)
+    for step_a, step_b in zip(compared[1], plain[1]):
+        assert all(torch.equal(a, b) for a, b in zip(step_a, step_b))
+    assert all(torch.equal(a, b) for a, b in zip(compared[2], plain[2]))
+    rank = tmp_path / "dump" / "rank_0" / "Drop"
+    graphs = sorted(int(g) for g in os.listdir(rank))
+    assert len(graphs) == 4                              # forward and backward of each side of the break
+    reports = {g: [json.load(open(rank / str(g) / str(it) / f"compiled_vs_eager_graph_{g}.json")) for it in (0, 1)]
+               for g in graphs}
+    assert {r["kind"] for rs in reports.values() for r in rs} == {"forward", "backward"}
+    forward = reports[graphs[0]][0]
+    assert forward["kind"] == "forward" and forward["first_divergence"] is None, forward["first_divergence"]
+    random = [k for k in forward["kernels"] if k["status"] == "random"]
+    assert any(any("dropout" in name for name in k["fused_operators"])
+               and any(s.endswith(f":{_line('DROP-LINE')}") for s in k["source"]) for k in random), forward
+    assert all(r["first_divergence"] is None for rs in reports.values() for r in rs)

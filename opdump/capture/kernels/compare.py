@@ -16,11 +16,14 @@ Each compared buffer gets a status (README, "Kernel-level graph dump"):
 * ``close``: differs, within the dtype's tolerance (torch.testing's defaults), the
   compiled value not closer to float64;
 * ``diverged``: outside the tolerance and farther from float64 than eager: a real
-  difference.
+  difference;
+* ``random``: computed by a kernel that fuses a random operator (dropout, rand…):
+  compiled code draws from inductor's own generator, so it is not compared.
 The report names the first kernel with a ``diverged`` output whose input buffers
-all match (any status but ``diverged``) — the kernel where compiled and eager
-numerics part — and the first kernel whose output differs at all while its inputs
-are bit-equal.
+all match (``equal``, ``close``, ``fusion_precision`` or not compared; a
+``random`` or ``diverged`` input does not match) — the kernel where compiled and
+eager numerics part — and the first kernel whose output differs at all while its
+inputs are bit-equal.
 
 Guarantees: the reference runs on clones of the inputs an operator of the graph
 mutates, and the RNG state (CPU and CUDA) is restored before the compiled code
@@ -37,7 +40,14 @@ from torch.utils import _pytree as pytree
 
 _TOLERANCE = {torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5), torch.float32: (1.3e-6, 1e-5),
               torch.float64: (1e-7, 1e-7)}
-_ORDER = {"unknown": 0, "equal": 0, "close": 1, "fusion_precision": 1, "diverged": 2}
+_ORDER = {"unknown": 0, "equal": 0, "close": 1, "fusion_precision": 1, "random": 2, "diverged": 3}
+
+#: ATen operators that draw random numbers: compiled code draws them from inductor's own generator
+#: (unless ``fallback_random``), so their values are not comparable with eager's
+RANDOM_OPS = frozenset({"inductor_seeds", "inductor_random", "inductor_randint", "inductor_lookup_seed",
+                        "native_dropout", "dropout", "rand", "rand_like", "randn", "randn_like", "randint",
+                        "randint_like", "bernoulli", "normal", "uniform", "randperm", "multinomial",
+                        "exponential", "geometric", "cauchy", "log_normal", "random"})
 
 
 def reference_copy(gm: fx.GraphModule) -> fx.GraphModule:
@@ -192,8 +202,14 @@ class Comparison:
                  "fused_operators": op.args.get("fused_operators", []),
                  "source": [f"{s.file}:{s.line}" for s in op.source], "inputs": list(call.inputs),
                  "outputs": []}
+        random = any(f.op_type in RANDOM_OPS for f in getattr(op, "fused", ())) or "rand" in call.kernel
         for slot, (name, value) in enumerate(zip(names, outputs)):
             origin = self.origins.get(name)
+            if random:                       # inductor's generator, not eager's: nothing to compare
+                self.status[name] = "random"
+                entry["outputs"].append({"slot": slot, "buffer": name, "reference_node": origin,
+                                         "status": "random", "metrics": []})
+                continue
             ref = self.eager.get(origin) if origin else None
             ref64 = self.f64.get(origin) if (origin and self.f64 is not None) else None
             results = []
