@@ -122,16 +122,81 @@ def _chromium():
     return None
 
 
-@pytest.mark.skipif(_chromium() is None, reason="headless Chromium is not installed (Debian package 'chromium', "
-                                                "installed by scripts/setup.sh when run as root)")
-def test_triage_html_renders_in_headless_chromium(nan_triage, tmp_path):
+def _env():
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("OPDUMP_CONFIG", None)
+    return env
+
+
+@pytest.fixture(scope="session")
+def analysis_pages(nan_triage):
+    """``opdump overflow --html`` and ``opdump watch --html`` of run 1's dump."""
     folder, _ = nan_triage
-    probe = tmp_path / "probe.html"
+    pages = {}
+    for name, args in (("overflow", ["overflow", str(folder / "run1")]),
+                       ("watch", ["watch", str(folder / "run1"), "--cond", "nan"])):
+        page = folder.parent / f"{name}.html"
+        r = subprocess.run([sys.executable, "-m", "opdump", *args, "-q", "--html", str(page)], capture_output=True,
+                           text=True, env=_env(), timeout=300)
+        assert r.returncode == 1 and f"report: {page}" in r.stderr, r.stdout + r.stderr
+        pages[name] = (page, r.stdout)
+    return pages
+
+
+def test_overflow_and_watch_html(analysis_pages):
+    page, out = analysis_pages["overflow"]
+    html = page.read_text()
+    assert "<script" not in html and html.count('class="origin"') == 3 and MUL in html
+    assert f"{SCRIPT}:{NAN_LINE}" in html and "Next affected operators" in html
+    page, out = analysis_pages["watch"]
+    html = page.read_text()
+    hits = int(re.search(r"(\d+) hit\(s\)", out).group(1))
+    assert hits > 10 and html.count("<tr><td>nan</td>") == hits
+    assert "first hit: " + MUL in html and html.count('class="pt pt-mark"') > 10
+
+
+def test_progress_bar_on_a_terminal_only(nan_triage):
+    """Long analyses draw a tqdm bar on a terminal (a pseudo-terminal here) and none when piped."""
+    import pty
+    folder, _ = nan_triage
+    cmd = [sys.executable, "-m", "opdump", "overflow", str(folder / "run1")]
+    piped = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=300)
+    assert "overflow scan" not in piped.stderr + piped.stdout
+    import fcntl
+    import struct
+    import termios
+    master, slave = pty.openpty()
+    # a terminal of 40x120 (a new pseudo-terminal is 0 columns wide, where tqdm draws nothing)
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    try:
+        p = subprocess.run(cmd, stdin=slave, stdout=subprocess.PIPE, stderr=slave, env=_env(), timeout=300)
+        os.close(slave)
+        slave = None
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        if slave is not None:
+            os.close(slave)
+        os.close(master)
+    assert p.returncode == 1
+    assert b"overflow scan" in seen and b"tensor" in seen
+
+
+def _render(page: Path, tmp_path: Path, plots: int) -> dict:
+    """Load ``page`` in headless Chromium; what it laid out, and every error it raised."""
+    probe = tmp_path / ("probe_" + page.name)
     errors_hook = ("<script>window.__errors=[];window.addEventListener('error',function(e){"
                    "window.__errors.push(String(e.message||e.type))},true);"
                    "var ce=console.error;console.error=function(){window.__errors.push('console.error');"
                    "ce.apply(console,arguments)};</script>")
-    text = (folder / "triage.html").read_text().replace("<head>", "<head>" + errors_hook, 1)
+    text = page.read_text().replace("<head>", "<head>" + errors_hook, 1)
     probe.write_text(text.replace("</body>", """<script>
 window.addEventListener('load', function(){
  var boxes=[].map.call(document.querySelectorAll('svg.plot'), function(s){var b=s.getBoundingClientRect();
@@ -148,11 +213,20 @@ window.addEventListener('load', function(){
                          capture_output=True, text=True, timeout=120)
     m = re.search(r"<title>RESULT:(\{.*?\})</title>", out.stdout)
     assert m, out.stderr[-2000:]
+    assert not re.search(r"CONSOLE.*(Uncaught|Error)", out.stderr), out.stderr[-2000:]
     res = json.loads(m.group(1).replace("&quot;", '"'))
     assert res["errors"] == []
-    assert not re.search(r"CONSOLE.*(Uncaught|Error)", out.stderr), out.stderr[-2000:]
-    assert len(res["boxes"]) == 3 and all(w > 300 and h > 100 for w, h in res["boxes"])
-    assert res["bars"] == 2 and res["linew"] > 100 and res["lineh"] > 10 and res["originh"] > 100
+    assert len(res["boxes"]) == plots and all(w > 300 and h > 100 for w, h in res["boxes"])
+    return res
+
+
+@pytest.mark.skipif(_chromium() is None, reason="headless Chromium is not installed (Debian package 'chromium', "
+                                                "installed by scripts/setup.sh when run as root)")
+def test_reports_render_in_headless_chromium(nan_triage, analysis_pages, tmp_path):
+    folder, _ = nan_triage
+    for page in (folder / "triage.html", analysis_pages["overflow"][0], analysis_pages["watch"][0]):
+        res = _render(page, tmp_path, 3)
+        assert res["bars"] == 2 and res["linew"] > 100 and res["lineh"] > 10 and res["originh"] > 100, page
 
 
 def test_triage_against_a_reference_names_the_first_difference(nan_triage, tmp_path):

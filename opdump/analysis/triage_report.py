@@ -17,7 +17,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 from .common import array_nonfinite, is_float_row, progress_bar, stats_nonfinite
 from .report import _CSS, _downsample, _e
 
-__all__ = ["series_of", "render_trend_html", "write_trend_html", "write_triage_html"]
+__all__ = ["series_of", "render_trend_html", "write_trend_html", "write_triage_html", "write_overflow_html",
+           "write_watch_html"]
 
 _W, _H, _ML, _MR, _MT, _MB = 1000, 260, 64, 16, 28, 36
 _MAX_FILES_READ = 20000            # tensor-only dumps: at most this many files read for the counts
@@ -83,15 +84,15 @@ def _axes(title: str, plot_id: str) -> List[str]:
             f'<rect class="plot-area" x="{_ML}" y="{_MT}" width="{pw}" height="{ph}" fill="none" stroke="#bbb"/>']
 
 
-def _origin_line(x: float, label: str) -> str:
+def _origin_line(x: float, label: str, prefix: str = "origin") -> str:
     ph = _H - _MT - _MB
     anchor, dx = ("start", 4) if x < _ML + (_W - _ML - _MR) * 0.6 else ("end", -4)
     return (f'<line class="origin" x1="{x:.1f}" y1="{_MT}" x2="{x:.1f}" y2="{_MT + ph}" stroke="#c62828" '
             f'stroke-width="2" stroke-dasharray="5,3"/><text class="origin-label" x="{x + dx:.1f}" y="{_MT + 12}" '
-            f'text-anchor="{anchor}" style="fill:#c62828">origin: {_e(label)}</text>')
+            f'text-anchor="{anchor}" style="fill:#c62828">{_e(prefix)}: {_e(label)}</text>')
 
 
-def _bars(per_it: Dict[int, List[int]], origin_it: Optional[int], label: str) -> str:
+def _bars(per_it: Dict[int, List[int]], origin_it: Optional[int], label: str, prefix: str = "origin") -> str:
     """Per iteration: output tensors holding NaN/Inf (red) over all output tensors (grey)."""
     its = sorted(per_it)
     pw, ph = _W - _ML - _MR, _H - _MT - _MB
@@ -105,6 +106,7 @@ def _bars(per_it: Dict[int, List[int]], origin_it: Optional[int], label: str) ->
         out.append(f'<line x1="{_ML}" y1="{y:.1f}" x2="{_ML + pw}" y2="{y:.1f}" stroke="#eee"/>'
                    f'<text x="{_ML - 6}" y="{y + 4:.1f}" text-anchor="end">{v:.0f}</text>')
     step = max(1, int(math.ceil(n / 20)))
+    origin_x = None
     for j, it in enumerate(its):
         total, bad = per_it[it]
         x = _ML + j * bw
@@ -118,13 +120,15 @@ def _bars(per_it: Dict[int, List[int]], origin_it: Optional[int], label: str) ->
         if j % step == 0:
             out.append(f'<text x="{x + bw / 2:.1f}" y="{_H - 14}" text-anchor="middle">{it}</text>')
         if origin_it is not None and it == origin_it:
-            out.append(_origin_line(x + bw / 2, label))
+            origin_x = x + bw / 2
+    if origin_x is not None:                  # drawn last: over the bars, its label unclipped
+        out.append(_origin_line(origin_x, label, prefix))
     out.append(f'<text x="{_ML + pw / 2:.1f}" y="{_H - 2}" text-anchor="middle">iteration</text></svg>')
     return "".join(out)
 
 
 def _trend(points: List[Dict[str, Any]], key: str, title: str, plot_id: str, origin_x: Optional[int],
-           label: str) -> str:
+           label: str, prefix: str = "origin", marks: Sequence[int] = ()) -> str:
     """One statistic per output tensor along the execution order (log scale), NaN/Inf tensors
     as red marks at the top, iteration boundaries as grey lines."""
     pw, ph = _W - _ML - _MR, _H - _MT - _MB
@@ -181,21 +185,28 @@ def _trend(points: List[Dict[str, Any]], key: str, title: str, plot_id: str, ori
     bad = [x for x, p in enumerate(points) if p["bad"]][:4000]
     for x in bad:
         out.append(f'<circle class="pt pt-nonfinite" cx="{sx(x):.1f}" cy="{_MT + 3}" r="2.6" fill="#c62828"/>')
+    for x in list(marks)[:4000]:
+        out.append(f'<circle class="pt pt-mark" cx="{sx(x):.1f}" cy="{_MT + ph - 3}" r="2.6" fill="#ef6c00"/>')
     if origin_x is not None:
-        out.append(_origin_line(sx(origin_x), label))
+        out.append(_origin_line(sx(origin_x), label, prefix))
+    legend = "red marks: NaN/Inf" + ("; orange marks: hits" if marks else "")
     out.append(f'<text x="{_ML + pw / 2:.1f}" y="{_H - 2}" text-anchor="middle">output tensor (execution order; '
-               f'red marks: NaN/Inf)</text></svg>')
+               f'{legend})</text></svg>')
     return "".join(out)
 
 
 def render_trend_html(dump, title: str, boxes: Sequence[str] = (), origin: Optional[Tuple[Any, Any]] = None,
-                      rank: Optional[int] = None, progress: bool = False) -> str:
+                      rank: Optional[int] = None, progress: bool = False, prefix: str = "origin",
+                      marks: Sequence[Tuple[Any, Any]] = ()) -> str:
     """The page: ``boxes`` (HTML fragments, already escaped) then the plots. ``origin``:
-    (iteration, operator full name) marked on the plots."""
+    (iteration, operator full name) marked on the plots with ``prefix``; ``marks``: more
+    (iteration, operator) tensors marked (watch hits)."""
     data = series_of(dump, rank=rank, progress=progress)
     pts = data["points"]
     origin_x = None
     label = ""
+    wanted = {(it, op) for it, op in marks}
+    mark_x = [x for x, p in enumerate(pts) if (p["iteration"], p["op"]) in wanted]
     if origin is not None:
         label = str(origin[1])
         for x, p in enumerate(pts):
@@ -209,15 +220,16 @@ def render_trend_html(dump, title: str, boxes: Sequence[str] = (), origin: Optio
     h.extend(boxes)
     h.append("<h2>NaN/Inf per iteration</h2>")
     if data["per_iteration"]:
-        h.append(_bars(data["per_iteration"], origin[0] if origin else None, label))
+        h.append(_bars(data["per_iteration"], origin[0] if origin else None, label, prefix))
     else:
         h.append("<p>No floating operator outputs in this dump.</p>")
     h.append("<h2>Statistics along the execution order</h2>")
     if any(p["mag"] is not None for p in pts):
         h.append(_trend(pts, "mag", "Largest magnitude max(|max|, |min|) per output tensor (log scale)",
-                        "plot-magnitude", origin_x, label))
+                        "plot-magnitude", origin_x, label, prefix, mark_x))
     if any(p["l2"] is not None for p in pts):
-        h.append(_trend(pts, "l2", "L2 norm per output tensor (log scale)", "plot-l2norm", origin_x, label))
+        h.append(_trend(pts, "l2", "L2 norm per output tensor (log scale)", "plot-l2norm", origin_x, label, prefix,
+                        mark_x))
     if not any(p["mag"] is not None or p["l2"] is not None for p in pts):
         h.append("<p>No statistics in this dump (saved_data \"tensor\"): trends need statistic.csv.</p>")
     h.append("</body></html>")
@@ -233,9 +245,10 @@ def _write(text: str, path: Union[str, os.PathLike]) -> str:
 
 
 def write_trend_html(dump, path: Union[str, os.PathLike], title: str, boxes: Sequence[str] = (),
-                     origin: Optional[Tuple[Any, Any]] = None, rank: Optional[int] = None) -> str:
+                     origin: Optional[Tuple[Any, Any]] = None, rank: Optional[int] = None, prefix: str = "origin",
+                     marks: Sequence[Tuple[Any, Any]] = ()) -> str:
     """Write :func:`render_trend_html` to ``path``."""
-    return _write(render_trend_html(dump, title, boxes, origin, rank), path)
+    return _write(render_trend_html(dump, title, boxes, origin, rank, prefix=prefix, marks=marks), path)
 
 
 def _triage_boxes(result) -> List[str]:
@@ -278,3 +291,52 @@ def write_triage_html(result, dump1, path: Union[str, os.PathLike]) -> str:
     origin = (o.iteration, o.op) if o is not None else None
     return write_trend_html(dump1, path, "opdump triage", _triage_boxes(result), origin,
                             rank=o.rank if o is not None else None)
+
+
+def write_overflow_html(dump, report, path: Union[str, os.PathLike]) -> str:
+    """``opdump overflow --html``: the origin of a
+    :class:`~opdump.analysis.overflow.OverflowReport` and the next affected operators, then the
+    plots with the origin marked."""
+    o = report.origin
+    if o is None:
+        boxes = [f"<div class='box ok' id='origin-box'>No NaN/Inf found ({report.scanned_tensors} floating "
+                 f"tensors scanned{' from ' + _e(report.method) if report.method else ''}).</div>"]
+    else:
+        boxes = ["<div class='box first' id='origin-box'><b>Origin:</b> "
+                 f"<code>{_e(o.op)}</code> ({_e(o.kind)})<br>type {_e(o.op_type)}, iteration {_e(o.iteration)}, "
+                 f"rank {_e(o.rank)}, graph {_e(o.graph)}"
+                 + (f"<br>source: <code>{_e(o.source)}</code> {_e(o.code)}" if o.source else "")
+                 + "".join(f"<br>{_e(t.describe())}" + (f" <code>{_e(t.path)}</code>" if t.path else "")
+                           for t in o.tensors) + "</div>"]
+        if report.affected:
+            boxes.append("<div class='box' id='affected'><b>Next affected operators</b><ul>" + "".join(
+                f"<li><code>{_e(e.op)}</code> (iteration {_e(e.iteration)}"
+                + (f", <code>{_e(e.source)}</code>" if e.source else "") + ")</li>" for e in report.affected)
+                + "</ul></div>")
+    return write_trend_html(dump, path, "opdump overflow", boxes, (o.iteration, o.op) if o else None,
+                            rank=o.rank if o else None)
+
+
+def write_watch_html(dump, hits, conditions: Sequence[Any], path: Union[str, os.PathLike],
+                     max_rows: int = 2000) -> str:
+    """``opdump watch --html``: the conditions and the hits (a table), then the plots with the
+    first hit marked and every hit's tensor marked along the execution order."""
+    conds = ", ".join(f"<code>{_e(c)}</code>" for c in conditions)
+    if not hits:
+        boxes = [f"<div class='box ok' id='hits-box'>No hit: {conds}</div>"]
+        return write_trend_html(dump, path, "opdump watch", boxes)
+    f = hits[0]
+    info = dump.op_info(f.op, rank=f.rank, graph=f.graph)
+    boxes = [f"<div class='box first' id='hits-box'><b>{len(hits)} hit(s)</b> of {conds}<br>first: "
+             f"<code>{_e(f.op)}</code> {_e(f.io)}.{_e(f.slot)}, iteration {_e(f.iteration)}, rank {_e(f.rank)}: "
+             f"{_e(f.detail)}" + (f"<br>source: <code>{_e(info.source)}</code> {_e(info.code)}"
+                                   if info is not None and info.source else "") + "</div>"]
+    rows = "".join(f"<tr><td>{_e(h.condition)}</td><td>{_e(h.iteration)}</td><td>{_e(h.op)}</td><td>{_e(h.io)}."
+                   f"{_e(h.slot)}</td><td>{_e(h.rank)}</td><td>{_e(h.detail)}</td></tr>" for h in hits[:max_rows])
+    more = f"<p>Showing {max_rows} of {len(hits)} hits.</p>" if len(hits) > max_rows else ""
+    boxes.append("<h2>Hits</h2>" + more + "<table id='hits-table'><thead><tr><th>condition</th><th>iter</th>"
+                 "<th>operator</th><th>tensor</th><th>rank</th><th>detail</th></tr></thead><tbody>" + rows
+                 + "</tbody></table>")
+    marks = [(h.iteration, h.op) for h in hits if h.rank == f.rank]
+    return write_trend_html(dump, path, "opdump watch", boxes, (f.iteration, f.op), rank=f.rank,
+                            prefix="first hit", marks=marks)

@@ -214,6 +214,9 @@ def cmd_overflow(args) -> int:
         return _err(str(e))
     rep = find_overflow(d, rank=args.rank, iterations=its, max_affected=args.max_affected,
                         use_tensors=not args.stats_only, progress=not args.quiet)
+    if getattr(args, "html", None):         # self-contained report: opdump.analysis.triage_report
+        from opdump.analysis.triage_report import write_overflow_html
+        print(f"report: {write_overflow_html(d, rep, args.html)}", file=sys.stderr)
     if args.json:
         print(json.dumps({"found": rep.found, "origin": rep.origin.to_dict() if rep.origin else None,
                           "affected": [e.to_dict() for e in rep.affected],
@@ -319,6 +322,9 @@ def cmd_watch(args) -> int:
         return _err(str(e))
     hits = watch(d, conds, rank=args.rank, iterations=its, op=args.op, io=args.io, target=args.target,
                  progress=not args.quiet, limit=args.limit)
+    if getattr(args, "html", None):         # self-contained report: opdump.analysis.triage_report
+        from opdump.analysis.triage_report import write_watch_html
+        print(f"report: {write_watch_html(d, hits, conds, args.html)}", file=sys.stderr)
     if args.csv:
         import pandas as pd
         pd.DataFrame([h.to_dict() for h in hits]).to_csv(args.csv, index=False)
@@ -381,6 +387,7 @@ def register(subparsers) -> None:
     p.add_argument("--iterations", help="only these iterations, e.g. 3|5-8")
     p.add_argument("--max-affected", type=int, default=5)
     p.add_argument("--stats-only", action="store_true", help="never read tensor data")
+    p.add_argument("--html", help="write a self-contained HTML report (NaN/Inf per iteration, trends, origin)")
     p.add_argument("--json", action="store_true")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_overflow)
@@ -432,6 +439,7 @@ def register(subparsers) -> None:
                    help="what to watch (default: params for change conditions, all otherwise)")
     p.add_argument("--limit", type=int, help="stop after this many hits")
     p.add_argument("--csv", help="write the hits to this CSV file")
+    p.add_argument("--html", help="write a self-contained HTML report (hits, NaN/Inf per iteration, trends)")
     p.add_argument("--json", action="store_true")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_watch)
