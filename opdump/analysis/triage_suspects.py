@@ -142,8 +142,12 @@ def from_reference(dump: Dump, reference: str, iterations: Optional[Sequence[int
                    progress: bool = True) -> Suspects:
     """Where run 1 first parts from ``reference``: the first difference when both hold the
     same dtypes, else the first diverging operator (compare's rule)."""
-    from .compare import RULE_FIRST_DIFFERENCE, compare
-    res = compare(dump, reference, iterations=iterations, progress=progress)
+    from .compare import RULE_FIRST_DIFFERENCE, CompareError, compare
+    try:
+        res = compare(dump, reference, iterations=iterations, progress=progress)
+    except CompareError as e:
+        raise ValueError(f"run 1 cannot be compared with the reference {reference}: {e} (the reference must "
+                         "hold statistics of the same program: saved_data 'statistic' or 'full')") from None
     s = Suspects("reference")
     s.analysis = res.to_dict()
     s.notes.append(res.summary())
