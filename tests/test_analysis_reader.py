@@ -289,3 +289,52 @@ def test_demo_reads_its_dump_through_the_reader(tmp_path):
         assert int(tensors) == len(on_disk)
     assert "conv3-Conv2d/convolution-op" in text and "conv3-Conv2d/convolution_backward-op" in text
     assert "no NaN/Inf found" in text
+
+
+def test_eager_iteration_that_takes_a_branch_is_read_in_its_own_order(tmp_path):
+    """A real eager run: iteration 1 takes a branch that makes a NaN before the usual
+    operators, so its operators' names differ from iteration 0's from there on.  The reader
+    orders iteration 1 by its own execution order and overflow names the branch's operator,
+    not a later victim.  (The sleeps spread the timestamps over several milliseconds, where
+    ordering by timestamp digits went wrong.)"""
+    import time
+
+    import torch
+
+    import opdump
+    from opdump.analysis.overflow import find_overflow
+    from opdump.capture.eager import EagerCapture
+    from opdump.config import DumpConfig, IterationSpec
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+            self.step = 0
+
+        def forward(self, x):
+            x = x + 1                                # named alike in both iterations
+            if self.step == 1:
+                x = x * float("nan")                 # the origin, iteration 1 only
+            for fn in (torch.sin, torch.cos, torch.exp, torch.tanh, torch.sigmoid, torch.neg):
+                time.sleep(0.0004)
+                x = fn(x)
+            return self.fc(x).sum()
+
+    model = Net()
+    cfg = DumpConfig(path=str(tmp_path), iteration=IterationSpec(ranges=((0, 1),)), saved_data="full",
+                     statistic_category=("max", "min", "nan count"))
+    with opdump.Session(cfg) as session, EagerCapture(session, root_modules=[model]):
+        for step in range(2):
+            model.step = step
+            model(torch.ones(2, 4))
+            session.step()
+    d = open_dump(tmp_path)
+    own = (tmp_path / "rank_0" / "Net" / "0" / "1" / "ms_execution_order_graph_0.csv").read_text().split("\n")[1:]
+    own = [n for n in own if n]
+    rec = d.records()
+    ops1 = rec[(rec["iteration"] == 1) & (rec["kind"] == "op")]
+    assert list(dict.fromkeys(ops1["op"])) == list(dict.fromkeys(own))
+    assert own[1].endswith("/mul-op1")
+    rep = find_overflow(d, progress=False)
+    assert rep.origin is not None and rep.origin.iteration == 1 and rep.origin.op == own[1]
