@@ -40,7 +40,7 @@ _DYNAMO = os.sep + "_dynamo" + os.sep
 
 # file name -> VISIBLE / HIDDEN / OPDUMP / _COMPILED; file names are few
 _kind_cache: Dict[str, int] = {}
-_line_cache: Dict[Tuple[str, int], str] = {}
+_line_cache: Dict[Tuple[str, int, str], SourceLine] = {}
 
 
 def _kind(filename: str) -> int:
@@ -51,12 +51,16 @@ def _kind(filename: str) -> int:
     return kind
 
 
-def _code_line(filename: str, line: int) -> str:
-    key = (filename, line)
-    code = _line_cache.get(key)
-    if code is None:
-        code = _line_cache[key] = linecache.getline(filename, line).strip()
-    return code
+def _source_line(filename: str, line: int, function: str) -> SourceLine:
+    """One shared :class:`SourceLine` per (file, line, function): a listing holds the whole
+    stack of every operator, and most operators share most frames."""
+    key = (filename, line, function)
+    src = _line_cache.get(key)
+    if src is None:
+        if len(_line_cache) > 200_000:
+            _line_cache.clear()
+        src = _line_cache[key] = SourceLine(filename, line, linecache.getline(filename, line).strip(), function)
+    return src
 
 
 def walk(depth: int, want_sources: bool) -> Tuple[bool, Tuple[SourceLine, ...]]:
@@ -84,8 +88,7 @@ def walk(depth: int, want_sources: bool) -> Tuple[bool, Tuple[SourceLine, ...]]:
                 return True, ()
             if not want_sources:
                 return False, ()
-            line = frame.f_lineno
-            sources.append(SourceLine(filename, line, _code_line(filename, line), code.co_name))
+            sources.append(_source_line(filename, frame.f_lineno, code.co_name))
             if len(sources) >= MAX_FRAMES:
                 break
         elif sources:
