@@ -1,29 +1,117 @@
-"""Tensor-pair metrics, computed in float64 over memory-mapped, chunked data so a
-multi-GB pair never sits in memory whole.  Module-level functions only: they run
-in worker processes (compare's ProcessPoolExecutor).
+"""Tensor-pair metrics, computed in float64 over chunks, so a multi-GB pair never sits in
+memory whole.  Module-level functions only: they run in compare's worker processes.
 
-Files are opened through :func:`checked_header` / :func:`load_checked`: the ``.npy``
-header is read and the size it describes is checked against the file's size before
-anything is mapped or allocated, so a corrupt or truncated file is reported (by path,
-with the reason) instead of asking for terabytes or failing half-way.
+Speed (README, "Analysis" > compare; bench/compare_bench.py measures it):
+
+* files are streamed: each ``.npy`` data region is read block by block into buffers that
+  are reused (no whole-file allocation, no memory map to fault in, sequential reads when
+  the files are not in the page cache), with the header parsed once by compare's index
+  (``layout``) instead of once per reader;
+* **byte-identical pairs need no metric**: the two data regions are compared block by
+  block first (``memcmp``); when they are equal, every metric follows from the count of
+  finite elements and ``max|B|`` (a min/max pass in the stored dtype, done while
+  comparing): cosine 1, errors 0, shares 1 -- the values the full pass gives for equal
+  data (for stored dtypes whose float64 squares cannot overflow: everything but float64);
+* otherwise one pass over chunks of ``METRIC_CHUNK`` elements computes every metric,
+  with float64 work buffers reused through ``out=`` arguments; the finiteness test of a
+  chunk comes from its sums of squares (finite exactly when every element is, for those
+  dtypes), and the ``within_*`` counts are skipped when the chunk's largest relative error
+  already answers them.
+
+Same numbers as before, to the last digit: the chunk boundaries, the float64 conversion,
+the BLAS dot products, numpy's pairwise sums and the order in which chunk results are
+added are unchanged (tests/test_compare_speed_equivalence.py checks this against a copy
+of the former implementation).  One thing is pinned that was not: the dot products run
+on one BLAS thread (:func:`single_thread_blas`).  OpenBLAS splits a dot product of more
+than 10,000 elements over its threads and adds the parts, so the last digits of cosine,
+RMSE and Euclidean distance used to depend on the machine's core count; now they do not,
+and two worker processes no longer each spin two BLAS threads on two cores.
+
+Files are opened through :func:`checked_header` / :func:`npy_layout`: the ``.npy`` header
+is read and the size it describes is checked against the file's size before anything is
+read or allocated, so a corrupt or truncated file is reported (by path, with the reason)
+instead of asking for terabytes or failing half-way.
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import math
 import os
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
 from .common import iter_chunks
 from .reader import load_array
 
-__all__ = ["tensor_metrics", "pair_metrics", "METRIC_KEYS", "checked_header", "load_checked"]
+__all__ = ["tensor_metrics", "pair_metrics", "METRIC_KEYS", "checked_header", "npy_layout", "load_checked",
+           "single_thread_blas", "set_blas_threads", "Layout"]
 
 METRIC_KEYS = ("cosine", "max_abs_err", "max_rel_err", "rmse", "euclidean", "within_1e-3", "within_5e-3",
                "mean_abs_err", "max_abs_ref", "nonfinite_mismatch", "n")
 
+METRIC_CHUNK = 1 << 16      # elements per step: float64 work buffers stay in the CPU cache
+COMPARE_BLOCK = 1 << 20     # bytes per step of the byte comparison
+MMAP_MIN_BYTES = 4 << 20    # legacy path: smaller files are read in one go (cheaper than mapping them)
 
+#: (shape, dtype, data offset, fortran order) of a checked ``.npy`` file
+Layout = Tuple[Tuple[int, ...], np.dtype, int, bool]
+
+
+# --------------------------------------------------------------------------- BLAS threads
+def _openblas() -> Optional[Tuple[Any, Any]]:
+    """(set, get) thread-count functions of the OpenBLAS numpy uses, or None."""
+    try:
+        with open("/proc/self/maps") as f:
+            libs = sorted({line.split()[-1] for line in f if "openblas" in line.lower() and "/" in line})
+    except OSError:
+        return None
+    for path in libs:
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for prefix in ("scipy_openblas_", "openblas_"):
+            for suffix in ("64_", ""):
+                s, g = f"{prefix}set_num_threads{suffix}", f"{prefix}get_num_threads{suffix}"
+                if hasattr(lib, s) and hasattr(lib, g):
+                    return getattr(lib, s), getattr(lib, g)
+    return None
+
+
+_BLAS: Any = False        # not looked up yet
+
+
+def _blas():
+    global _BLAS
+    if _BLAS is False:
+        _BLAS = _openblas()
+    return _BLAS
+
+
+def set_blas_threads(n: int) -> Optional[int]:
+    """Set numpy's OpenBLAS thread count; the previous count (None: not OpenBLAS)."""
+    b = _blas()
+    if b is None:
+        return None
+    prev = int(b[1]())
+    b[0](int(n))
+    return prev
+
+
+@contextlib.contextmanager
+def single_thread_blas() -> Iterator[None]:
+    """Dot products on one BLAS thread while the block runs (then the former count)."""
+    prev = set_blas_threads(1)
+    try:
+        yield
+    finally:
+        if prev is not None and prev != 1:
+            set_blas_threads(prev)
+
+
+# --------------------------------------------------------------------------- the metric pass
 def _real(a: np.ndarray) -> np.ndarray:
     if np.iscomplexobj(a):
         a = np.ascontiguousarray(a)
@@ -31,7 +119,106 @@ def _real(a: np.ndarray) -> np.ndarray:
     return a
 
 
-METRIC_CHUNK = 1 << 16      # elements per step: float64 work buffers stay in the CPU cache
+def _squares_safe(dtype: np.dtype) -> bool:
+    """float64 squares of any value of this stored dtype, summed over a chunk, stay finite
+    (so a finite sum of squares means every element is finite)."""
+    return dtype.kind in "biu" or (dtype.kind == "f" and dtype.itemsize <= 4)
+
+
+class _Accumulator:
+    """Every metric of a pair, chunk by chunk, in float64 (reused work buffers)."""
+
+    def __init__(self, chunk: int, squares_safe: bool):
+        m = max(1, chunk)
+        self.bufa, self.bufb, self.bufd, self.buft = (np.empty(m, np.float64) for _ in range(4))
+        self.bools = np.empty(m, np.bool_)
+        self.squares_safe = squares_safe
+        self.dot = self.na2 = self.nb2 = self.ssq = self.sabs = 0.0
+        self.max_abs = self.max_rel = self.max_ref = 0.0
+        self.w1 = self.w5 = self.n = self.mism = 0
+
+    def add(self, ca: np.ndarray, cb: np.ndarray) -> None:
+        k = ca.size
+        xa, xb, d, t = self.bufa[:k], self.bufb[:k], self.bufd[:k], self.buft[:k]
+        xa[...] = ca
+        xb[...] = cb
+        if self.squares_safe:
+            saa, sbb = float(np.dot(xa, xa)), float(np.dot(xb, xb))
+            finite = math.isfinite(saa) and math.isfinite(sbb)
+        else:
+            finite = bool(np.isfinite(xa).all()) and bool(np.isfinite(xb).all())
+        if not finite:
+            fa, fb = np.isfinite(xa), np.isfinite(xb)
+            both = fa & fb
+            neither = ~fa & ~fb
+            same = neither & ((np.isnan(xa) & np.isnan(xb)) | (xa == xb))
+            self.mism += int(k - both.sum() - same.sum())
+            xa, xb = xa[both], xb[both]
+            k = xa.size
+            if k == 0:
+                return
+            d, t = d[:k], t[:k]
+            saa, sbb = float(np.dot(xa, xa)), float(np.dot(xb, xb))
+        elif not self.squares_safe:
+            saa, sbb = float(np.dot(xa, xa)), float(np.dot(xb, xb))
+        np.subtract(xa, xb, out=d)
+        np.abs(d, out=d)
+        self.dot += float(np.dot(xa, xb))
+        self.na2 += saa
+        self.nb2 += sbb
+        self.ssq += float(np.dot(d, d))
+        self.sabs += float(d.sum())
+        self.max_abs = max(self.max_abs, float(d.max()))
+        np.abs(xb, out=t)
+        self.max_ref = max(self.max_ref, float(t.max()))
+        np.divide(d, t, out=t)                 # 0/0 -> NaN (an exact zero: relative error 0)
+        mr = float(np.fmax.reduce(t))
+        if mr == mr:
+            self.max_rel = max(self.max_rel, mr)
+        # within: elements whose relative error is below the bound or NaN (0/0)
+        b = self.bools[:k]
+        for lim in (1e-3, 5e-3):
+            if mr != mr or mr < lim:
+                w = k                          # no element reaches the bound
+            else:
+                w = k - int(np.count_nonzero(np.greater_equal(t, lim, out=b)))
+            if lim == 1e-3:
+                self.w1 += w
+            else:
+                self.w5 += w
+        self.n += k
+
+    def result(self) -> Dict[str, Any]:
+        n, na2, nb2 = self.n, self.na2, self.nb2
+        if na2 == 0.0 and nb2 == 0.0:
+            cos = 1.0 if n else float("nan")
+        elif na2 == 0.0 or nb2 == 0.0:
+            cos = float("nan")
+        else:
+            cos = self.dot / math.sqrt(na2 * nb2)
+            cos = max(-1.0, min(1.0, cos))
+        return {
+            "n": n, "cosine": cos, "max_abs_err": self.max_abs if n else float("nan"),
+            "max_rel_err": self.max_rel if n else float("nan"),
+            "rmse": math.sqrt(self.ssq / n) if n else float("nan"), "euclidean": math.sqrt(self.ssq),
+            "mean_abs_err": self.sabs / n if n else float("nan"),
+            "within_1e-3": self.w1 / n if n else float("nan"), "within_5e-3": self.w5 / n if n else float("nan"),
+            "max_abs_ref": self.max_ref, "nonfinite_mismatch": self.mism,
+        }
+
+
+def _identical_result(n: int, max_ref: float) -> Dict[str, Any]:
+    """The metrics the full pass gives for two equal arrays with ``n`` finite elements whose
+    largest magnitude is ``max_ref`` (stored dtype with safe squares: the sums of squares are
+    equal, finite and neither over- nor underflow when multiplied, so ``s / sqrt(s*s)`` is
+    exactly 1)."""
+    nan = float("nan")
+    return {
+        "n": n, "cosine": 1.0 if n else nan, "max_abs_err": 0.0 if n else nan, "max_rel_err": 0.0 if n else nan,
+        "rmse": 0.0 if n else nan, "euclidean": 0.0, "mean_abs_err": 0.0 if n else nan,
+        "within_1e-3": 1.0 if n else nan, "within_5e-3": 1.0 if n else nan,
+        "max_abs_ref": max_ref, "nonfinite_mismatch": 0,
+    }
 
 
 def tensor_metrics(a: np.ndarray, b: np.ndarray, chunk: int = METRIC_CHUNK) -> Dict[str, Any]:
@@ -48,78 +235,27 @@ def tensor_metrics(a: np.ndarray, b: np.ndarray, chunk: int = METRIC_CHUNK) -> D
     if a.size != b.size:
         out.update({"error": f"element count differs: {a.size} vs {b.size}", "n": 0})
         return out
-    dot = na2 = nb2 = ssq = sabs = 0.0
-    max_abs = max_rel = max_ref = 0.0
-    w1 = w5 = n = mism = 0
-    m = min(chunk, max(1, a.size))
-    bufa, bufb, bufd, buft = (np.empty(m, np.float64) for _ in range(4))
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+    acc = _Accumulator(min(chunk, max(1, a.size)), _squares_safe(a.dtype) and _squares_safe(b.dtype))
+    with single_thread_blas(), np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         for ca, cb in zip(iter_chunks(a, chunk), iter_chunks(b, chunk)):
-            k = ca.size
-            xa, xb, d, t = bufa[:k], bufb[:k], bufd[:k], buft[:k]
-            xa[...] = ca
-            xb[...] = cb
-            fa, fb = np.isfinite(xa), np.isfinite(xb)
-            if not (fa.all() and fb.all()):
-                both = fa & fb
-                neither = ~fa & ~fb
-                same = neither & ((np.isnan(xa) & np.isnan(xb)) | (xa == xb))
-                mism += int(k - both.sum() - same.sum())
-                xa, xb = xa[both], xb[both]
-                k = xa.size
-                if k == 0:
-                    continue
-                d, t = d[:k], t[:k]
-            np.subtract(xa, xb, out=d)
-            np.abs(d, out=d)
-            dot += float(np.dot(xa, xb))
-            na2 += float(np.dot(xa, xa))
-            nb2 += float(np.dot(xb, xb))
-            ssq += float(np.dot(d, d))
-            sabs += float(d.sum())
-            max_abs = max(max_abs, float(d.max()))
-            np.abs(xb, out=t)
-            max_ref = max(max_ref, float(t.max()))
-            np.divide(d, t, out=t)                 # 0/0 -> NaN (an exact zero: relative error 0)
-            mr = float(np.fmax.reduce(t))
-            if mr == mr:
-                max_rel = max(max_rel, mr)
-            w1 += int(np.count_nonzero(~(t >= 1e-3)))
-            w5 += int(np.count_nonzero(~(t >= 5e-3)))
-            n += k
-    if na2 == 0.0 and nb2 == 0.0:
-        cos = 1.0 if n else float("nan")
-    elif na2 == 0.0 or nb2 == 0.0:
-        cos = float("nan")
-    else:
-        cos = dot / math.sqrt(na2 * nb2)
-        cos = max(-1.0, min(1.0, cos))
-    out.update({
-        "n": n, "cosine": cos, "max_abs_err": max_abs if n else float("nan"),
-        "max_rel_err": max_rel if n else float("nan"),
-        "rmse": math.sqrt(ssq / n) if n else float("nan"), "euclidean": math.sqrt(ssq),
-        "mean_abs_err": sabs / n if n else float("nan"),
-        "within_1e-3": w1 / n if n else float("nan"), "within_5e-3": w5 / n if n else float("nan"),
-        "max_abs_ref": max_ref, "nonfinite_mismatch": mism,
-    })
+            acc.add(ca, cb)
+    out.update(acc.result())
     return out
 
 
-MMAP_MIN_BYTES = 4 << 20     # smaller files are read in one go (cheaper than mapping them)
-
-
-def checked_header(path: str) -> Tuple[Tuple[int, ...], np.dtype, int]:
-    """(shape, dtype, data offset) of a ``.npy`` file whose size holds the data its header
-    describes. Raises ValueError with the reason otherwise (bad magic, unreadable header,
-    object dtype, file shorter than the header says)."""
+# --------------------------------------------------------------------------- files
+def npy_layout(path: str) -> Layout:
+    """(shape, dtype, data offset, fortran order) of a ``.npy`` file whose size holds the data
+    its header describes. Raises ValueError with the reason otherwise (bad magic, unreadable
+    header, object dtype, file shorter than the header says)."""
     size = os.path.getsize(path)
     with open(path, "rb") as f:
         try:
             version = np.lib.format.read_magic(f)
             if version == (1, 0):
-                shape, _fortran, dtype = np.lib.format.read_array_header_1_0(f)
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
             elif version == (2, 0):
-                shape, _fortran, dtype = np.lib.format.read_array_header_2_0(f)
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
             else:
                 raise ValueError(f"unsupported .npy version {version}")
         except (ValueError, EOFError, SyntaxError, TypeError) as e:
@@ -131,19 +267,112 @@ def checked_header(path: str) -> Tuple[Tuple[int, ...], np.dtype, int]:
     if size < need:
         raise ValueError(f"truncated or corrupt: the header describes {need} bytes "
                          f"(shape {tuple(shape)}, {dtype}), the file has {size}")
-    return tuple(int(x) for x in shape), dtype, offset
+    return tuple(int(x) for x in shape), dtype, offset, bool(fortran)
+
+
+def checked_header(path: str) -> Tuple[Tuple[int, ...], np.dtype, int]:
+    """(shape, dtype, data offset) of a checked ``.npy`` file (see :func:`npy_layout`)."""
+    return npy_layout(path)[:3]
 
 
 def load_checked(path: str) -> np.ndarray:
     """The array of a checked ``.npy`` file, memory-mapped when large (never unpickled)."""
-    shape, _dtype, _offset = checked_header(path)
+    npy_layout(path)
     big = os.path.getsize(path) >= MMAP_MIN_BYTES
     return load_array(path, mmap=big)
 
 
-def pair_metrics(path_a: str, path_b: str, chunk: int = METRIC_CHUNK) -> Dict[str, Any]:
-    """:func:`tensor_metrics` of two ``.npy`` files. A file that cannot be read gives
-    ``{"error": reason, "unreadable": path}`` instead of raising (any reason)."""
+def _streamable(layout: Layout) -> bool:
+    """Data read straight from the file in C order: plain numbers, not complex, not a
+    multi-dimensional Fortran-order array (those go through ``np.load``)."""
+    shape, dtype, _offset, fortran = layout
+    return dtype.kind in "biuf" and dtype.fields is None and not dtype.subdtype and not (fortran and len(shape) > 1)
+
+
+class _Data:
+    """The data region of one ``.npy`` file, read in order into reused buffers."""
+
+    def __init__(self, path: str, layout: Layout):
+        self.path, (self.shape, self.dtype, self.offset, _f) = path, layout
+        self.count = math.prod(self.shape)
+        self.nbytes = self.count * self.dtype.itemsize
+        self.f = open(path, "rb", buffering=0)
+        if os.fstat(self.f.fileno()).st_size < self.offset + self.nbytes:
+            self.f.close()
+            raise ValueError(f"truncated or corrupt: the header describes {self.offset + self.nbytes} bytes "
+                             f"(shape {self.shape}, {self.dtype}), the file has {os.path.getsize(path)}")
+        self.rewind()
+
+    def rewind(self) -> None:
+        self.f.seek(self.offset)
+
+    def read_into(self, buf: bytearray, nbytes: int) -> memoryview:
+        view = memoryview(buf)[:nbytes]
+        got = 0
+        while got < nbytes:
+            r = self.f.readinto(view[got:])
+            if not r:
+                raise ValueError(f"{self.path}: the file ended after {self.offset + got} bytes (truncated while read)")
+            got += r
+        return view
+
+    def close(self) -> None:
+        self.f.close()
+
+
+def _block_stats(x: np.ndarray) -> Tuple[int, float]:
+    """(finite elements, largest finite magnitude as float64, 0 when none) of a block."""
+    if x.size == 0:
+        return 0, 0.0
+    if x.dtype.kind == "f":
+        mx, mn = x.max(), x.min()
+        if not (math.isfinite(float(mx)) and math.isfinite(float(mn))):
+            fin = np.isfinite(x)
+            k = int(np.count_nonzero(fin))
+            if k == 0:
+                return 0, 0.0
+            y = x[fin]
+            mx, mn = y.max(), y.min()
+            return k, max(abs(float(mx)), abs(float(mn)))
+        return x.size, max(abs(float(mx)), abs(float(mn)))
+    mx, mn = x.max(), x.min()
+    return x.size, max(abs(float(mx)), abs(float(mn)))
+
+
+def _identical(da: _Data, db: _Data) -> Optional[Dict[str, Any]]:
+    """The metrics of two byte-identical data regions; None at the first differing byte."""
+    block = max(da.dtype.itemsize, COMPARE_BLOCK // da.dtype.itemsize * da.dtype.itemsize)
+    ba, bb = bytearray(min(block, max(1, da.nbytes))), bytearray(min(block, max(1, da.nbytes)))
+    n, max_ref, left = 0, 0.0, da.nbytes
+    while left > 0:
+        step = min(block, left)
+        da.read_into(ba, step)
+        db.read_into(bb, step)
+        if (ba != bb) if step == len(ba) else (ba[:step] != bb[:step]):     # memcmp
+            return None
+        k, r = _block_stats(np.frombuffer(bb, dtype=db.dtype, count=step // db.dtype.itemsize))
+        n += k
+        max_ref = max(max_ref, r)
+        left -= step
+    return _identical_result(n, max_ref)
+
+
+def _stream_metrics(da: _Data, db: _Data, chunk: int) -> Dict[str, Any]:
+    count = da.count
+    m = min(chunk, max(1, count))
+    acc = _Accumulator(m, _squares_safe(da.dtype) and _squares_safe(db.dtype))
+    ra, rb = bytearray(m * da.dtype.itemsize), bytearray(m * db.dtype.itemsize)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        for s in range(0, count, chunk):
+            k = min(chunk, count - s)
+            ca = np.frombuffer(da.read_into(ra, k * da.dtype.itemsize), dtype=da.dtype)
+            cb = np.frombuffer(db.read_into(rb, k * db.dtype.itemsize), dtype=db.dtype)
+            acc.add(ca, cb)
+    return acc.result()
+
+
+def _legacy_pair(path_a: str, path_b: str, chunk: int) -> Dict[str, Any]:
+    """Through ``np.load`` (complex, Fortran order, structured dtypes)."""
     arrays = []
     for p in (path_a, path_b):
         try:
@@ -159,9 +388,59 @@ def pair_metrics(path_a: str, path_b: str, chunk: int = METRIC_CHUNK) -> Dict[st
         del a, b, arrays
 
 
+def pair_metrics(path_a: str, path_b: str, chunk: int = METRIC_CHUNK, layout_a: Optional[Layout] = None,
+                 layout_b: Optional[Layout] = None) -> Dict[str, Any]:
+    """:func:`tensor_metrics` of two ``.npy`` files (the same numbers), byte-identical data
+    answered without a metric pass. ``layout_a``/``layout_b``: the files' :func:`npy_layout`
+    when already known. A file that cannot be read gives ``{"error": reason, "unreadable":
+    path}`` instead of raising (any reason)."""
+    layouts = []
+    for p, lay in ((path_a, layout_a), (path_b, layout_b)):
+        try:
+            layouts.append(lay if lay is not None else npy_layout(p))
+        except Exception as e:  # noqa: BLE001 - one bad file must not stop the comparison
+            return {"error": f"cannot read {p}: {e}", "unreadable": p, "n": 0}
+    la, lb = layouts
+    if not (_streamable(la) and _streamable(lb)):
+        return _legacy_pair(path_a, path_b, chunk)
+    out: Dict[str, Any] = {"shape_a": la[0], "shape_b": lb[0], "np_dtype_a": str(la[1]), "np_dtype_b": str(lb[1])}
+    ca, cb = math.prod(la[0]), math.prod(lb[0])
+    if ca != cb:
+        out.update({"error": f"element count differs: {ca} vs {cb}", "n": 0})
+        return out
+    opened = []
+    try:
+        for p, lay in ((path_a, la), (path_b, lb)):
+            try:
+                opened.append(_Data(p, lay))
+            except Exception as e:  # noqa: BLE001
+                return {"error": f"cannot read {p}: {e}", "unreadable": p, "n": 0}
+        da, db = opened
+        try:
+            with single_thread_blas():
+                m = None
+                if da.dtype == db.dtype and _squares_safe(da.dtype):
+                    m = _identical(da, db)
+                    if m is None:
+                        da.rewind()
+                        db.rewind()
+                if m is None:
+                    m = _stream_metrics(da, db, chunk)
+        except Exception as e:  # noqa: BLE001
+            return {"error": f"cannot compare: {type(e).__name__}: {e}", "unreadable": path_a, "n": 0}
+        out.update(m)
+        return out
+    finally:
+        for d in opened:
+            d.close()
+
+
 def _task(args) -> Any:
+    """(index, path A, path B, bytes, layout A, layout B) -> (index, metrics)."""
     idx, pa, pb = args[:3]
-    return idx, pair_metrics(pa, pb)
+    la = args[4] if len(args) > 4 else None
+    lb = args[5] if len(args) > 5 else None
+    return idx, pair_metrics(pa, pb, METRIC_CHUNK, la, lb)
 
 
 def _batch(tasks) -> Any:
