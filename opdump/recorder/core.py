@@ -19,7 +19,7 @@ import torch
 
 from ..capture.op_info import OpInfo
 from ..format.dtypes import dtype_name
-from ..format.files import parameter_file_name, tensor_file_name
+from ..format.files import PARAMETER_TYPE, STATISTIC_FILE, parameter_file_name, tensor_file_name
 from ..write.buffers import HostBuffers, HostCopy
 from ..write.dtypes import to_numpy
 from ..write.statistic_csv import StatisticCsv
@@ -110,7 +110,7 @@ class Recorder:
                 rows = self._rows_of(folder)
                 slow = []
                 for k, (name, tensor) in enumerate(items):
-                    recorded = sink.record(rows, "Parameter", name, "output", ts + k, (tensor,))
+                    recorded = sink.record(rows, PARAMETER_TYPE, name, "output", ts + k, (tensor,))
                     if recorded < 0:
                         slow.append((name, tensor))
                     else:
@@ -118,7 +118,7 @@ class Recorder:
             items = slow
         for name, tensor in items:
             if isinstance(tensor, torch.Tensor) and not self._unsupported(tensor):
-                self._record(folder, "Parameter", name, "output", 0, tensor, parameter=True)
+                self._record(folder, PARAMETER_TYPE, name, "output", 0, tensor, parameter=True)
 
     def _native_sink(self):
         """The native row sink of the device-statistics fast path (resolved once), or None."""
@@ -296,7 +296,7 @@ class Recorder:
         if key in self._kernel_args_done:
             return
         self._kernel_args_done.add(key)
-        path = self.session.layout.place(folder, f"{op.file_stem}.json")
+        path = self.session.layout.place(folder, f"{op.file_stem}.json")   # format.files.kernel_args_file_name
         data = json.dumps({k: str(v) for k, v in op.args.items()}, indent=2).encode()
         self.writer.submit(lambda: self.session.layout.write_small(path, data))
 
@@ -326,7 +326,7 @@ class Recorder:
                     self._csv.pop(next(iter(self._csv)))
                 layout = self.session.layout
                 csv = self._csv[folder] = layout.statistic_csv(
-                    layout.place(folder, "statistic.csv"), self.config.statistic_category)
+                    layout.place(folder, STATISTIC_FILE), self.config.statistic_category)
             return csv
 
     def _write_rows(self, folder: str, batch, device_cells) -> None:

@@ -13,6 +13,7 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensor
 
+from ...format.files import constant_name
 from ..naming import _clean_path
 
 
@@ -61,5 +62,5 @@ def lifted_constants(gm: fx.GraphModule) -> List[Tuple[str, torch.Tensor]]:
             seen.add(node.target)
             value = getattr(gm, str(node.target), None)
             if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
-                constants.append((f"data-{len(constants)}", value))
+                constants.append((constant_name(len(constants)), value))
     return constants
