@@ -274,3 +274,27 @@ def test_watch_suspects_and_producers_from_a_real_dump(nan_triage):
     s = from_watch(d, ["nan"], max_suspects=2, progress=False)
     assert s.origin.op == MUL and s.origin.iteration == 1 and s.origin.source == f"{SCRIPT}:{NAN_LINE}"
     assert s.ops[:2] == [MUL, RELU] and len(s.ops) == 3 and s.iterations == [1]
+
+
+def test_producers_in_a_graph_mode_listing():
+    """Graph-mode listings name arguments by FX node (``%relu``), eager ones by index (``%3``)."""
+    from opdump.analysis.triage_producers import _parse_ir
+    text = """subgraph @graph_3() {
+  %0(t) = t.default(%primals_2)
+      : full_name_with_scope: (Default/Net/fc1-Linear/t-op0)
+  %1(addmm) = addmm.default(%primals_3, %primals_1, %t)
+      : full_name_with_scope: (Default/Net/fc1-Linear/addmm-op1)
+  %3(relu) = relu.default(%addmm)
+      : full_name_with_scope: (Default/Net/relu-op3)
+  %5(mul) = mul.Tensor(%relu, nan) {other: nan}
+      : full_name_with_scope: (Default/Net/scale-Scale/mul-op5)
+  %6(mul_1) = mul.Tensor(%3, %para2_fc1.weight)
+      : full_name_with_scope: (Default/Net/mul-op6)
+}
+"""
+    p = _parse_ir(text)
+    assert p["Default/Net/scale-Scale/mul-op5"].ops == ["Default/Net/relu-op3"]
+    assert p["Default/Net/fc1-Linear/addmm-op1"].ops == ["Default/Net/fc1-Linear/t-op0"]
+    assert p["Default/Net/fc1-Linear/addmm-op1"].parameters == []        # primals_N: graph inputs, not named
+    assert p["Default/Net/mul-op6"].ops == ["Default/Net/relu-op3"] and p["Default/Net/mul-op6"].parameters == [
+        "fc1.weight"]

@@ -3,8 +3,10 @@
 Why: ``opdump triage`` dumps whole tensors of a suspect operator *and of the operators
 that fed it*, so the second run shows both sides of the first bad value. The ``.ir``
 listing (README, Output layout) writes each call as
-``%5(mul) = mul.Tensor(%3, 1.0)`` followed by the operator's full name: ``%3`` is the
-operator with index 3 of the same graph, ``%paraN_name`` a parameter or buffer.
+``%5(mul) = mul.Tensor(%3, 1.0)`` (eager) or ``%5(mul) = mul.Tensor(%relu, 1.0)`` (graph
+mode: FX node names) followed by the operator's full name: ``%3`` is the operator with
+index 3 of the same graph, ``%relu`` the one whose node is named ``relu``, ``%paraN_name``
+a parameter or buffer (eager listings).
 
 Guarantees: only what the listing states is returned (a graph input ``%input``, an
 operator of another graph, a MindSpore listing without references give nothing);
@@ -20,9 +22,9 @@ from .reader import Dump
 
 __all__ = ["Producers", "input_producers"]
 
-_CALL = re.compile(r"^\s*%(?P<idx>\d+)(?:\([^)]*\))?\s*=\s*[^\s(]+\((?P<args>.*)\)(?:\s*\{.*\})?\s*$")
+_CALL = re.compile(r"^\s*%(?P<idx>\d+)(?:\((?P<node>[^)]*)\))?\s*=\s*[^\s(]+\((?P<args>.*)\)(?:\s*\{.*\})?\s*$")
 _FULL = re.compile(r"full_name_with_scope:\s*\((?P<name>.+)\)\s*$")
-_OP_REF = re.compile(r"%(\d+)\b")
+_OP_REF = re.compile(r"%(?!para\d+_)([A-Za-z_0-9]+)\b")
 _PARAM_REF = re.compile(r"%para\d+_([^,()\s]+)")
 
 
@@ -36,25 +38,27 @@ class Producers:
 
 def _parse_ir(text: str) -> Dict[str, Producers]:
     """full name -> its producers, for every operator of one ``.ir`` listing."""
-    by_index: Dict[int, str] = {}
-    pending: List[tuple] = []            # (index, op refs, param refs) waiting for the full name
+    by_ref: Dict[str, str] = {}          # "3" (index) and "relu" (node name) -> full name
+    pending: List[tuple] = []            # (full name, op refs, param refs)
     cur: Optional[tuple] = None
     for line in text.splitlines():
         m = _CALL.match(line)
         if m:
             args = m.group("args")
-            cur = (int(m.group("idx")), [int(x) for x in _OP_REF.findall(args)], _PARAM_REF.findall(args))
+            cur = (m.group("idx"), m.group("node"), _OP_REF.findall(args), _PARAM_REF.findall(args))
             continue
         f = _FULL.search(line)
         if f and cur is not None:
-            by_index[cur[0]] = f.group("name")
-            pending.append((f.group("name"),) + cur[1:])
+            by_ref[cur[0]] = f.group("name")
+            if cur[1] and not cur[1].isdigit():
+                by_ref.setdefault(cur[1], f.group("name"))
+            pending.append((f.group("name"),) + cur[2:])
             cur = None
     out: Dict[str, Producers] = {}
     for name, refs, params in pending:
         p = out.setdefault(name, Producers())
         for r in refs:
-            prod = by_index.get(r)
+            prod = by_ref.get(r)
             if prod is not None and prod != name and prod not in p.ops:
                 p.ops.append(prod)
         for q in params:
