@@ -15,6 +15,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=4)
 p.add_argument("--nan-step", type=int, default=-1)
 p.add_argument("--bias", type=float, default=0.0)
+p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], help="bf16: the model and data in bfloat16")
 p.add_argument("--compile", action="store_true", help="torch.compile the model (graph mode)")
 p.add_argument("--random", action="store_true", help="inputs seeded from os.urandom (a non-deterministic script)")
 a = p.parse_args()
@@ -44,13 +45,13 @@ class Net(torch.nn.Module):
         return self.fc2(self.scale(h))
 
 
-model = Net()
+model = Net().to(torch.bfloat16 if a.dtype == "bf16" else torch.float32)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 run = torch.compile(model, backend="eager") if a.compile else model
 gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little") if a.random else 1)
 for step in range(a.steps):
     model.scale.factor = float("nan") if step == a.nan_step else 1.0
-    x = torch.randn(4, 8, generator=gen)
+    x = torch.randn(4, 8, generator=gen).to(next(model.parameters()).dtype)
     y = torch.arange(4) % 4
     loss = torch.nn.functional.cross_entropy(run(x), y)
     loss.backward()
