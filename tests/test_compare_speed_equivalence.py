@@ -306,3 +306,23 @@ def test_blas_thread_count_no_longer_changes_the_digits():
         M.set_blas_threads(1)
     _same(new, M.tensor_metrics(x, y))
     assert float(np.dot(x, y)) == float(one)
+
+
+@pytest.mark.parametrize("dt", ["<f4", ">f4", "f2", "f8", "i8", "u1", "?", "c8", "<U3", "V4", "M8[s]"])
+def test_header_index_equals_numpys_parser(tmp_path, dt):
+    """compare's one-regex header parser gives numpy's (shape, order, dtype, offset), or
+    hands the file to numpy's parser."""
+    for shape in [(), (0,), (5,), (3, 4), (2, 3, 4, 5), (0, 3), (10 ** 6,)]:
+        for order in "CF":
+            p = tmp_path / "x.npy"
+            np.save(p, np.zeros(shape, dt, order=order))
+            with open(p, "rb") as f:
+                np.lib.format.read_magic(f)
+                shape_, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+                want = (tuple(shape_), dtype, f.tell(), fortran)
+            assert M.npy_layout(str(p)) == want
+            fast = M._fast_header(p.read_bytes()[:512])
+            assert fast is None or (fast[0], fast[2], fast[3], fast[1]) == want
+    with open(tmp_path / "v2.npy", "wb") as f:          # version 2.0 header
+        np.lib.format.write_array(f, np.arange(7, dtype=np.float32), version=(2, 0))
+    assert M.npy_layout(str(tmp_path / "v2.npy"))[:3] == ((7,), np.dtype("float32"), 128)

@@ -38,6 +38,7 @@ import contextlib
 import ctypes
 import math
 import os
+import re
 from typing import Any, Dict, Iterator, Optional, Tuple
 
 import numpy as np
@@ -244,23 +245,69 @@ def tensor_metrics(a: np.ndarray, b: np.ndarray, chunk: int = METRIC_CHUNK) -> D
 
 
 # --------------------------------------------------------------------------- files
+_HEADER = re.compile(r"\{'descr': '([<>|=]?[a-zA-Z][a-zA-Z0-9]*)', 'fortran_order': (True|False), "
+                     r"'shape': \(((?:\d+, )*\d*,?)\), \}[ ]*\n?$")
+_DTYPES: Dict[str, np.dtype] = {}
+
+
+def _fast_header(raw: bytes) -> Optional[Tuple[Tuple[int, ...], bool, np.dtype, int]]:
+    """(shape, fortran, dtype, data offset) of the header numpy writes for a plain dtype, parsed
+    with one regular expression (``np.lib.format`` runs ``ast.literal_eval``: ~0.2 ms a file);
+    None for anything else (then numpy's own parser reads it)."""
+    if raw[:6] != b"\x93NUMPY" or len(raw) < 10:
+        return None
+    major = raw[6]
+    if major == 1:
+        hlen, start = int.from_bytes(raw[8:10], "little"), 10
+    elif major == 2 and len(raw) >= 12:
+        hlen, start = int.from_bytes(raw[8:12], "little"), 12
+    else:
+        return None
+    if raw[7] != 0 or start + hlen > len(raw):
+        return None
+    try:
+        text = raw[start:start + hlen].decode("latin1")
+    except UnicodeDecodeError:  # pragma: no cover - latin1 decodes any byte
+        return None
+    m = _HEADER.match(text)
+    if m is None:
+        return None
+    descr = m.group(1)
+    dtype = _DTYPES.get(descr)
+    if dtype is None:
+        try:
+            dtype = np.dtype(descr)
+        except TypeError:
+            return None
+        if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None or len(_DTYPES) > 256:
+            return None
+        _DTYPES[descr] = dtype
+    shape = tuple(int(x) for x in m.group(3).replace(",", " ").split())
+    return shape, m.group(2) == "True", dtype, start + hlen
+
+
 def npy_layout(path: str) -> Layout:
     """(shape, dtype, data offset, fortran order) of a ``.npy`` file whose size holds the data
     its header describes. Raises ValueError with the reason otherwise (bad magic, unreadable
     header, object dtype, file shorter than the header says)."""
-    size = os.path.getsize(path)
     with open(path, "rb") as f:
-        try:
-            version = np.lib.format.read_magic(f)
-            if version == (1, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-            elif version == (2, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-            else:
-                raise ValueError(f"unsupported .npy version {version}")
-        except (ValueError, EOFError, SyntaxError, TypeError) as e:
-            raise ValueError(f"not a readable .npy header ({e})") from None
-        offset = f.tell()
+        size = os.fstat(f.fileno()).st_size
+        fast = _fast_header(f.read(512))
+        if fast is not None:
+            shape, fortran, dtype, offset = fast
+        else:
+            f.seek(0)
+            try:
+                version = np.lib.format.read_magic(f)
+                if version == (1, 0):
+                    shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+                elif version == (2, 0):
+                    shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+                else:
+                    raise ValueError(f"unsupported .npy version {version}")
+            except (ValueError, EOFError, SyntaxError, TypeError) as e:
+                raise ValueError(f"not a readable .npy header ({e})") from None
+            offset = f.tell()
     if dtype.hasobject:
         raise ValueError("holds Python objects (never unpickled)")
     need = offset + math.prod(int(x) for x in shape) * dtype.itemsize

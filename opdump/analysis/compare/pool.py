@@ -1,18 +1,42 @@
-"""Running the tensor metrics of many pairs: serially for a few, in worker processes for
-many, in batches of small pairs, with a bounded number of batches in flight (workers
-memory-map their files, so memory stays bounded whatever the dump's size)."""
+"""Running the tensor metrics of many pairs: in this process for a few small ones, else in
+a pool of worker processes sized to the CPUs this process may use.
+
+* **largest pairs first**: tasks are sorted by bytes, so a multi-GB pair does not start
+  last and leave the other workers idle at the end; small pairs follow in batches (one
+  round trip for up to 64 pairs or 32 MB);
+* the workers start once (fork where safe), stream their files themselves and send back
+  only the metrics dict: no array is pickled, no process starts per pair;
+* each worker's numpy BLAS runs on one thread (:func:`opdump.analysis.metrics.single_thread_blas`):
+  the parallelism is the pool's, and the digits do not depend on the core count;
+* a bounded number of batches is in flight, and workers read through fixed-size buffers,
+  so memory stays bounded whatever the dump's size.
+"""
 from __future__ import annotations
 
+import os
 import sys
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from ..common import progress_bar
-from ..metrics import _batch, _task
+from ..metrics import _batch, _task, set_blas_threads
 
-__all__ = ["run_pairs"]
+__all__ = ["run_pairs", "default_workers"]
 
-Task = Tuple[int, str, str, int]          # (index, path A, path B, bytes of both)
+#: (index, path A, path B, bytes of both, layout A, layout B); the layouts may be None
+Task = Tuple[Any, ...]
+
+#: below this many bytes in all, pairs are compared in this process (a pool costs ~0.1 s to start)
+PARALLEL_MIN_BYTES = 64 << 20
+
+
+def default_workers() -> int:
+    """The CPUs this process may run on (its affinity mask), at most 8."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    return max(1, min(8, n))
 
 
 def _mp_context():
@@ -28,6 +52,10 @@ def _mp_context():
             pass
         return ctx
     return mp.get_context("spawn")
+
+
+def _worker_init() -> None:
+    set_blas_threads(1)
 
 
 def _batches(tasks: List[Task], max_bytes: int = 32 << 20, max_count: int = 64) -> Iterator[List[Task]]:
@@ -46,10 +74,14 @@ def _batches(tasks: List[Task], max_bytes: int = 32 << 20, max_count: int = 64) 
 def run_pairs(tasks: List[Task], workers: int, parallel_min: int, progress: bool,
               max_inflight: Optional[int] = None) -> Dict[int, Dict[str, Any]]:
     """Metrics of every task, by index; in worker processes when there are ``parallel_min``
-    or more. A pair whose file cannot be read gets an ``error`` entry, never an exception."""
+    or more pairs, or more than :data:`PARALLEL_MIN_BYTES` in at least two pairs. A pair
+    whose file cannot be read gets an ``error`` entry, never an exception."""
     results: Dict[int, Dict[str, Any]] = {}
     bar = progress_bar(progress, len(tasks), "compare", "pair")
-    if workers <= 1 or len(tasks) < parallel_min:
+    tasks = sorted(tasks, key=lambda t: -t[3])
+    total = sum(t[3] for t in tasks)
+    parallel = workers > 1 and (len(tasks) >= parallel_min or (len(tasks) >= 2 and total >= PARALLEL_MIN_BYTES))
+    if not parallel:
         for t in tasks:
             idx, m = _task(t)
             results[idx] = m
@@ -58,7 +90,7 @@ def run_pairs(tasks: List[Task], workers: int, parallel_min: int, progress: bool
     else:
         inflight_cap = max_inflight or workers * 2
         per_batch = max(1, min(64, len(tasks) // (workers * 4) or 1))
-        with ProcessPoolExecutor(max_workers=workers, mp_context=_mp_context()) as ex:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=_mp_context(), initializer=_worker_init) as ex:
             pending = set()
             it = _batches(tasks, max_count=per_batch)
             exhausted = False

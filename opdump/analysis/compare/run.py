@@ -14,13 +14,13 @@ import os
 import re
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
-from ..metrics import checked_header
+from ..metrics import npy_layout
 from ..reader import Dump, open_dump
 from .first import calls_in_order, first_difference, first_divergence
 from .mapping import load_mapping
 from .match import default_matchers, match
 from .pairs import TABLE_COLUMNS, Pair, Tensor
-from .pool import run_pairs
+from .pool import default_workers, run_pairs
 from .result import RULE_FIRST_DIFFERENCE, RULE_THRESHOLDS, CompareResult
 from .verdict import Thresholds, judge_metrics, judge_pair
 
@@ -60,14 +60,25 @@ def _tensors(dump: Dump, rank: Optional[int]) -> List[Tensor]:
         t = Tensor(r)
         if t.path:
             try:
-                shape, dt, _ = checked_header(t.path)
-                t.shape, t.np_dtype = shape, str(dt)
+                t.layout = npy_layout(t.path)
+                t.shape, t.np_dtype = t.layout[0], str(t.layout[1])
             except Exception as e:  # noqa: BLE001 - reported, never raised
                 t.problem = str(e) or type(e).__name__
         if t.shape is None:
             t.shape = _shape_from_text(r.get("shape"))
         out.append(t)
     return out
+
+
+def _data_bytes(t: Tensor) -> int:
+    """Bytes of the tensor's data (from its header; the reader's size otherwise)."""
+    if t.layout is not None:
+        shape, dtype = t.layout[0], t.layout[1]
+        n = dtype.itemsize
+        for x in shape:
+            n *= x
+        return n
+    return t.nbytes
 
 
 def _borrow_shapes(a: List[Tensor], b: List[Tensor]) -> None:
@@ -148,7 +159,7 @@ def compare(a: Union[str, os.PathLike, Dump], b: Union[str, os.PathLike, Dump], 
     if matchers is None:
         matchers = default_matchers(mapping)
     if workers is None:
-        workers = max(1, min(8, os.cpu_count() or 1))
+        workers = default_workers()
     if rank_b is not None and rank is None:
         rank = min(da.rank_ids) if da.rank_ids else 0
     rank_pairs = ([(rank, rank_b if rank_b is not None else rank)] if rank is not None
@@ -187,7 +198,7 @@ def compare(a: Union[str, os.PathLike, Dump], b: Union[str, os.PathLike, Dump], 
     tasks = []
     for n, p in enumerate(pairs):
         if judge_pair(p, thresholds):
-            tasks.append((n, p.a.path, p.b.path, p.a.nbytes + p.b.nbytes))
+            tasks.append((n, p.a.path, p.b.path, _data_bytes(p.a) + _data_bytes(p.b), p.a.layout, p.b.layout))
     for n, m in run_pairs(tasks, workers, parallel_min, progress).items():
         judge_metrics(pairs[n], m, thresholds)
     pairs.sort(key=Pair.sort_key)
