@@ -137,6 +137,13 @@ def test_listing_maps_kernels_to_fused_operators_and_source(kernel_run):
     assert ln["full_name"].startswith("Default/KNet/ln-LayerNorm/native_layer_norm-op")
     addmm = [k for k in doc["kernels"] if k["kernel"] == "extern_kernels.addmm"]
     assert [k["full_name"].split("/")[2] for k in addmm] == ["fc1-Linear", "fc2-Linear"]
+    # each output buffer: the operator whose output it stores (for matching against an operator
+    # dump), its shape and dtype
+    out = addmm[0]["outputs"][0]
+    assert out["stores"] == addmm[0]["fused_operators"][0]["full_name"]
+    assert out["stores"].startswith("Default/KNet/fc1-Linear/addmm-op")
+    assert (out["shape"], out["dtype"]) == ([5, 16], "Float32")
+    assert ln["full_name"] in [o["stores"] for o in fused["outputs"]]
     # the generated code exists, holds the kernel and a tap after its call
     path = doc["generated_code"]
     code = open(path).read()
@@ -145,6 +152,7 @@ def test_listing_maps_kernels_to_fused_operators_and_source(kernel_run):
     # the .ir lists the same, with the source lines
     ir = open(os.path.join(kernel_run["rank"], "graphs", "ms_output_trace_code_graph_0.ir")).read()
     assert fused["full_name"] in ir and "native_layer_norm" in ir and path in ir
+    assert ir.split(f"({addmm[0]['full_name']})")[0].splitlines()[-2].endswith("-> (<Tensor[Float32], (5, 16)>)")
     assert f"({_line('KERNEL-LINE-B')})/ h = self.ln(h)" in ir
 
 

@@ -58,8 +58,9 @@ def reference_copy(gm: fx.GraphModule) -> fx.GraphModule:
     return fx.GraphModule(gm, graph)
 
 
-def buffer_origin_pass(record: Dict[str, Optional[str]], previous=None):
-    """An identity post-fusion pass (``config._post_fusion_custom_pass``) recording buffer → origin node."""
+def buffer_origin_pass(record: Dict[str, Optional[str]], previous=None, layouts: Optional[Dict[str, Any]] = None):
+    """An identity post-fusion pass (``config._post_fusion_custom_pass``) recording buffer → origin
+    node (and, in ``layouts``, buffer → (shape, dtype) where the buffer has a plain layout)."""
     def run(nodes):
         if previous is not None:
             nodes = previous(nodes)
@@ -73,6 +74,11 @@ def buffer_origin_pass(record: Dict[str, Optional[str]], previous=None):
                 except Exception:  # noqa: BLE001 - some IR nodes have none
                     origin = None
                 record[ir.get_name()] = origin.name if origin is not None else None
+                if layouts is not None:
+                    try:
+                        layouts[ir.get_name()] = (tuple(int(d) for d in ir.get_size()), ir.get_dtype())
+                    except Exception:  # noqa: BLE001 - multi-output and symbolic layouts: not listed
+                        pass
         return nodes
     return run
 

@@ -33,7 +33,7 @@ import json
 import os
 import sys
 import uuid
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 import torch.fx as fx
@@ -44,7 +44,8 @@ from ..graph.runtime import GraphRuntime
 from ..op_info import OpInfo
 from .compare import Comparison, Reference, buffer_origin_pass, reference_copy
 from .origins import FusedOp, Origins
-from .wrapper import TAP, KernelCall, instrument_wrapper
+from .wrapper import TAP, KernelCall, buffer_names, instrument_wrapper
+from ...format.dtypes import dtype_name
 
 #: inductor settings of the dumped variant (only what it must change; the user's options are kept)
 DUMP_PATCHES = {"trace.provenance_tracking_level": 1, "fx_graph_cache": False, "triton.cudagraphs": False}
@@ -92,13 +93,14 @@ def _compile_one(capture, gm: fx.GraphModule, inputs, kwargs: dict, kind: str, c
     if origins is None:
         return compile_fx_inner(gm, inputs, **kwargs)
     patches = dict(DUMP_PATCHES)
+    buffers: Dict[str, Optional[str]] = {}          # buffer -> the FX node whose value it holds
+    layouts: Dict[str, Any] = {}                    # buffer -> (shape, dtype)
+    patches["_post_fusion_custom_pass"] = buffer_origin_pass(buffers, inductor_config._post_fusion_custom_pass,
+                                                             layouts)
     reference = None
     if session.config.compare_compiled:
         try:
-            buffer_origins: Dict[str, Optional[str]] = {}
-            reference = Reference(reference_copy(gm), buffer_origins)
-            patches["_post_fusion_custom_pass"] = buffer_origin_pass(
-                buffer_origins, inductor_config._post_fusion_custom_pass)
+            reference = Reference(reference_copy(gm), buffers)
         except Exception as exc:  # noqa: BLE001
             capture.fail(exc, f"copying the {kind} graph for its reference run")
             return compile_fx_inner(gm, inputs, **kwargs)
@@ -106,7 +108,8 @@ def _compile_one(capture, gm: fx.GraphModule, inputs, kwargs: dict, kind: str, c
         compiled = compile_fx_inner(gm, inputs, **kwargs)
         provenance = {k: list(v) for k, v in inductor_debug._inductor_triton_kernel_to_post_grad_node_info.items()}
     try:
-        _observe(capture, session, compiled, gm, kind, origins, provenance, params, constants, reference)
+        _observe(capture, session, compiled, gm, kind, origins, provenance, params, constants, reference,
+                 Buffers(buffers, layouts))
     except Exception as exc:  # noqa: BLE001
         capture.fail(exc, f"instrumenting the {kind} graph's kernels")
     return compiled
@@ -136,11 +139,29 @@ def _common_scope(fused: List[FusedOp], default: str) -> str:
     return "/".join(common) or default
 
 
+class Buffers:
+    """What inductor's scheduler said about each buffer: the FX node it holds, its shape and dtype."""
+
+    def __init__(self, origins: Dict[str, Optional[str]], layouts: Dict[str, Any]):
+        self.origins, self.layouts = origins, layouts
+
+    def describe(self, expression: str, origins: Origins, lowered: fx.GraphModule) -> Dict[str, Any]:
+        names = buffer_names([expression])
+        name = names[0] if names else None
+        node = self.origins.get(name) if name else None
+        instance = origins.instance_of(node, lowered)
+        layout = self.layouts.get(name) if name else None
+        return {"buffer": expression, "node": node, "stores": instance.full_name if instance else None,
+                "shape": list(layout[0]) if layout else None,
+                "dtype": dtype_name(layout[1]) if layout else None}
+
+
 def kernel_ops(calls: List[KernelCall], provenance: Dict[str, List[str]], origins: Origins,
-               lowered: fx.GraphModule, code_path: str, kind: str) -> List[OpInfo]:
+               lowered: fx.GraphModule, code_path: str, kind: str, buffers: Optional[Buffers] = None) -> List[OpInfo]:
     """One OpInfo per kernel call: its name, scope (common scope of its operators), the source
-    lines of its operators, and (in ``args``, listed in .ir/.json) the kernel, the fused
-    operators and the generated code's path."""
+    lines of its operators, its outputs' shapes and dtypes (where inductor's layout is plain),
+    and (in ``args``, listed in .ir/.json) the kernel, the fused operators and the generated
+    code's path."""
     default = "Gradients/Default" if kind == "backward" else "Default"
     ops = []
     for call in calls:
@@ -158,7 +179,11 @@ def kernel_ops(calls: List[KernelCall], provenance: Dict[str, List[str]], origin
                   "generated_code": f"{code_path}:{call.line}"},
             arg_text=", ".join(call.outputs),
         ))
+        described = [buffers.describe(e, origins, lowered) for e in call.outputs] if buffers else []
+        if described and all(d["shape"] is not None for d in described):
+            ops[-1].output_meta = [(tuple(d["shape"]), d["dtype"]) for d in described]
         ops[-1].fused = fused          # for the kernels.json listing
+        ops[-1].buffers = described or [{"buffer": e} for e in call.outputs]
     return ops
 
 
@@ -166,7 +191,7 @@ def kernels_json(graph_id: int, kind: str, ops: List[OpInfo], calls: List[Kernel
     """``ms_output_trace_code_graph_{id}.kernels.json``: each kernel, its outputs, its fused operators."""
     doc = {"graph_id": graph_id, "kind": kind, "generated_code": code_path, "kernels": [
         {"index": op.index, "full_name": op.full_name, "kernel": call.kernel, "op_type": op.op_type,
-         "handle": call.handle, "generated_code_line": call.line, "outputs": call.outputs,
+         "handle": call.handle, "generated_code_line": call.line, "outputs": op.buffers,
          "fused_operators": [{"full_name": f.full_name, "op_type": f.op_type, "scope": f.scope,
                               "source": [{"file": s.file, "line": s.line, "code": s.code, "function": s.function}
                                          for s in f.source]} for f in op.fused]}
@@ -194,7 +219,8 @@ def _write_report(runtime, comparison: Comparison, folder: str, code_path: str) 
 
 
 def _observe(capture, session, compiled, lowered: fx.GraphModule, kind: str, origins: Origins,
-             provenance: Dict[str, List[str]], params, constants, reference: Optional[Reference]) -> None:
+             provenance: Dict[str, List[str]], params, constants, reference: Optional[Reference],
+             buffers: Optional[Buffers] = None) -> None:
     from torch._inductor.codecache import PyCodeCache
 
     source = getattr(compiled, "source_code", None)
@@ -206,7 +232,7 @@ def _observe(capture, session, compiled, lowered: fx.GraphModule, kind: str, ori
     graph_id = session.new_graph_id()
     if kind != "backward":
         capture.forward_id = graph_id
-    ops = kernel_ops(calls, provenance, origins, lowered, code_path, kind)
+    ops = kernel_ops(calls, provenance, origins, lowered, code_path, kind, buffers)
     for op in ops:
         op.selected = session.selector.select(op)
     runtime = GraphRuntime(capture, session, graph_id, kind, ops, params, constants)

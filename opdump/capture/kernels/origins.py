@@ -76,6 +76,17 @@ class Origins:
             self.by_node[node.name] = len(self.instances) - 1
             prev_key, prev_decomposed = key, decomposed
 
+    def instance_of(self, node_name: Optional[str], lowered: Optional[fx.GraphModule]) -> Optional[FusedOp]:
+        """The operator instance a (post-grad) node belongs to, if it can be told."""
+        if node_name is None:
+            return None
+        index = self.by_node.get(node_name)
+        if index is None and lowered is not None:
+            node = next((n for n in lowered.graph.nodes if n.name == node_name), None)
+            key = _key(node, self.kind, self.root) if node is not None else None
+            index = self.by_key.get(key) if key else None
+        return self.instances[index] if index is not None else None
+
     def fused(self, node_names: Sequence[str], lowered: Optional[fx.GraphModule]) -> List[FusedOp]:
         """The operator instances behind ``node_names`` (post-grad node names), in graph order."""
         found: List[int] = []
