@@ -95,11 +95,19 @@ def test_bf16_fusion_is_expected_precision(chain_report):
     torch._dynamo.reset()
 
 
-def test_wrong_lowering_is_the_first_diverging_kernel(tmp_path):
+def test_wrong_lowering_is_the_first_diverging_kernel(tmp_path, capfd):
     _register_wrong_lowering()
     torch.manual_seed(0)
     model, x = Wrong(), torch.randn(4, 8)
     report, out = _run(tmp_path, model, x, "Wrong")
+    err = capfd.readouterr().err                         # the summary printed when the session closed
+    summary = [line for line in err.splitlines() if line.startswith("opdump: compare_compiled:")]
+    assert len(summary) == 1 and "first diverging kernel cpp_fused_" in summary[0] and "scale2" in summary[0]
+    assert summary[0].endswith(f":{_line('WRONG-LINE')})")
+    with open(tmp_path / "dump" / "rank_0" / "Wrong" / "0" / "0" / "compiled_vs_eager_graph_0.csv") as f:
+        rows = [line.split(",") for line in f.read().splitlines()]
+    assert rows[0][:7] == ["kernel_index", "kernel", "full_name", "slot", "buffer", "reference_node", "status"]
+    assert [r[6] for r in rows[1:]] == ["equal", "diverged"]
     first = report["first_divergence"]
     assert first is not None, report
     assert any("/scale2-op" in name for name in first["fused_operators"]), first

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import uuid
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -44,6 +43,7 @@ from ..graph.runtime import GraphRuntime
 from ..op_info import OpInfo
 from .compare import Comparison, Reference, buffer_origin_pass, reference_copy
 from .origins import FusedOp, Origins
+from .report import write_report
 from .wrapper import TAP, KernelCall, buffer_names, instrument_wrapper
 from ...format.dtypes import dtype_name
 
@@ -200,20 +200,9 @@ def kernels_json(graph_id: int, kind: str, ops: List[OpInfo], calls: List[Kernel
 
 
 def _write_report(runtime, comparison: Comparison, folder: str, code_path: str) -> None:
-    """``{iteration folder}/compiled_vs_eager_graph_{g}.json``, and one console line naming the
-    first diverging kernel (README, "Kernel-level graph dump")."""
-    session = runtime.session
+    """The call's compare_compiled report (:mod:`.report`); a failure is the graph's one warning."""
     try:
-        iteration = session.iteration
-        report = comparison.report(runtime.graph_id, runtime.kind, iteration, code_path)
-        os.makedirs(folder, exist_ok=True)
-        session.layout.write_small(os.path.join(folder, f"compiled_vs_eager_graph_{runtime.graph_id}.json"),
-                                   json.dumps(report, indent=1, default=str).encode())
-        first = report["first_divergence"]
-        if first is not None:
-            print(f"opdump: compare_compiled: iteration {iteration}, {runtime.kind} graph {runtime.graph_id}: "
-                  f"first diverging kernel {first['kernel']} ({first['full_name']}; fused "
-                  f"{', '.join(first['fused_operators'])}; {', '.join(first['source'][-1:])})", file=sys.stderr)
+        write_report(runtime.session, runtime.graph_id, runtime.kind, comparison, folder, code_path)
     except Exception as exc:  # noqa: BLE001
         runtime._failed(exc, "writing compiled_vs_eager")
 
