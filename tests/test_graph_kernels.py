@@ -258,3 +258,22 @@ def test_failure_while_instrumenting_keeps_training_unchanged(tmp_path):
     assert len(msgs) == 1 and "instrumenting the forward graph's kernels" in msgs[0]
     assert torch.equal(out, torch.compile(plain_model, backend="inductor")(x))
     torch._dynamo.reset()
+
+
+def test_user_inductor_options_are_kept_in_the_dumped_variant(tmp_path):
+    """``torch.compile(mode=..., options=...)`` reaches opdump as torch's inductor wrapper (under
+    ``opdump run``): its config patches shape the observed kernels too (here the kernel names)."""
+    class Soft(nn.Module):
+        def forward(self, x):
+            return torch.relu(x).softmax(-1) * 3
+
+    torch._dynamo.reset()
+    cfg = write_config(tmp_path, extra={"opdump_settings": {"graph_dump": "kernels"}})
+    real = torch._TorchCompileInductorWrapper(None, {"cpp.descriptive_names": "inductor_node"}, None)
+    with torch.no_grad(), opdump.Session(cfg) as session:
+        torch.compile(Soft(), backend=session.backend(real))(torch.randn(4, 8))
+    torch._dynamo.reset()
+    with open(tmp_path / "dump" / "rank_0" / "graphs" / "ms_output_trace_code_graph_0.kernels.json") as f:
+        names = [k["kernel"] for k in json.load(f)["kernels"]]
+    # inductor_node names list FX node names (amax, exp, sum_1…), the default lists ATen ops (_softmax)
+    assert len(names) == 1 and "amax" in names[0] and "_softmax" not in names[0], names
