@@ -261,6 +261,18 @@ def test_bad_config_stops_before_any_run(tmp_path):
     assert not (tmp_path / "tri" / "run1").exists()
 
 
+def test_a_script_that_dumps_nothing_is_an_error(tmp_path):
+    """A script that fails before its first step is not "no NaN found": exit 2 with its log's end."""
+    script = tmp_path / "broken.py"
+    script.write_text("import torch\nraise SystemExit('cannot open the data set')\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-m", "opdump", "triage", "--out", str(tmp_path / "tri"), "-q", "--",
+                        str(script)], capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=300)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "run1 left nothing to analyse" in r.stderr and "script exit status 1" in r.stderr
+    assert "cannot open the data set" in r.stderr and "No NaN" not in r.stdout
+
+
 def test_watch_suspects_and_producers_from_a_real_dump(nan_triage):
     """--cond picks the first hits' operators; the listing gives each operator's producers."""
     from opdump.analysis.reader import open_dump

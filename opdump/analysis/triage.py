@@ -184,11 +184,19 @@ def _tail(path: str, n: int = 20) -> str:
 
 
 def _open_run(run: Run):
+    """The run's dump; a run that dumped nothing (the script failed before its first step, or
+    never ran a model) is an error that shows the end of its log, never "nothing found"."""
     try:
-        return open_dump(run.dump)
+        d = open_dump(run.dump)
+        empty = not (d.has_statistics or d.has_tensors)
     except Exception as e:  # noqa: BLE001 - reported with the run's log
-        raise TriageError(f"{run.name} left no readable dump in {run.dump} (exit {run.returncode}): {e}\n"
-                          f"last lines of {run.log}:\n{_tail(run.log)}") from None
+        why = str(e)
+    else:
+        if not empty:
+            return d
+        why = "no tensor and no statistics were dumped"
+    raise TriageError(f"{run.name} left nothing to analyse in {run.dump} (script exit status {run.returncode}): "
+                      f"{why}\nlast lines of {run.log}:\n{_tail(run.log)}")
 
 
 def triage(script: Sequence[str], *, config: Optional[str] = None, folder: Optional[str] = None,
@@ -212,7 +220,7 @@ def triage(script: Sequence[str], *, config: Optional[str] = None, folder: Optio
     if reference:
         open_dump(reference)                   # a bad reference fails before the script runs
     doc1 = run1_config(os.path.join(folder, "run1"), config, iterations)
-    say(f"run 1: statistics of every operator -> {doc1['common_dump_settings']['path']}")
+    say(f"run 1: statistics -> {doc1['common_dump_settings']['path']} (output: {folder}/run1.log)")
     run1 = _launch("run1", folder, doc1, script, cwd, echo)
     dump1 = _open_run(run1)
     say(f"run 1 finished (exit {run1.returncode}); looking for suspects ({mode})")
@@ -226,7 +234,8 @@ def triage(script: Sequence[str], *, config: Optional[str] = None, folder: Optio
     if sus.found:
         doc2 = run2_config(doc1, os.path.join(folder, "run2"), sus.kernels, sus.iterations)
         say(f"run 2: tensors of {len(sus.kernels)} suspect(s) at iteration(s) "
-            f"{'|'.join(map(str, sus.iterations))} -> {doc2['common_dump_settings']['path']}")
+            f"{'|'.join(map(str, sus.iterations))} -> {doc2['common_dump_settings']['path']} "
+            f"(output: {folder}/run2.log)")
         result.run2 = _launch("run2", folder, doc2, script, cwd, echo)
         dump2 = _open_run(result.run2)
         result.reproduction = check_reproduction(dump1, dump2, sus.kernels, sus.iterations, sus.rank)
@@ -239,7 +248,7 @@ def triage(script: Sequence[str], *, config: Optional[str] = None, folder: Optio
     if html:
         from .triage_report import write_triage_html
         result.html = os.path.join(folder, "triage.html")
-        write_triage_html(result, dump1, result.html)
+        write_triage_html(result, dump1, result.html, progress=progress)
     _write_json(result, os.path.join(folder, "triage.json"))
     return result
 

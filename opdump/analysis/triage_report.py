@@ -246,9 +246,10 @@ def _write(text: str, path: Union[str, os.PathLike]) -> str:
 
 def write_trend_html(dump, path: Union[str, os.PathLike], title: str, boxes: Sequence[str] = (),
                      origin: Optional[Tuple[Any, Any]] = None, rank: Optional[int] = None, prefix: str = "origin",
-                     marks: Sequence[Tuple[Any, Any]] = ()) -> str:
+                     marks: Sequence[Tuple[Any, Any]] = (), progress: bool = False) -> str:
     """Write :func:`render_trend_html` to ``path``."""
-    return _write(render_trend_html(dump, title, boxes, origin, rank, prefix=prefix, marks=marks), path)
+    return _write(render_trend_html(dump, title, boxes, origin, rank, progress=progress, prefix=prefix,
+                                    marks=marks), path)
 
 
 def _triage_boxes(result) -> List[str]:
@@ -284,13 +285,13 @@ def _triage_boxes(result) -> List[str]:
     return boxes
 
 
-def write_triage_html(result, dump1, path: Union[str, os.PathLike]) -> str:
+def write_triage_html(result, dump1, path: Union[str, os.PathLike], progress: bool = False) -> str:
     """The triage report: origin, runs and their commands, suspects and their files, then
     run 1's per-iteration NaN/Inf counts and statistic trends with the origin marked."""
     o = result.suspects.origin
     origin = (o.iteration, o.op) if o is not None else None
     return write_trend_html(dump1, path, "opdump triage", _triage_boxes(result), origin,
-                            rank=o.rank if o is not None else None)
+                            rank=o.rank if o is not None else None, progress=progress)
 
 
 def write_overflow_html(dump, report, path: Union[str, os.PathLike]) -> str:

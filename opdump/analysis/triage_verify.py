@@ -41,6 +41,9 @@ class Reproduction:
     def describe(self) -> str:
         if self.reproduced:
             return f"run 2 reproduces run 1 at the suspects ({self.compared} tensors' statistics equal)"
+        if not self.compared and not self.missing:
+            return ("run 2 could not be checked against run 1: no suspect tensor with statistics (or data) in both "
+                    "runs")
         parts = [f"run 2 does NOT reproduce run 1 at the suspects ({len(self.mismatches)} of {self.compared} "
                  "compared tensors differ" + (f", {len(self.missing)} not dumped again" if self.missing else "") + ")"]
         parts += [f"  {m}" for m in (self.mismatches + self.missing)[:8]]

@@ -102,6 +102,8 @@ def main_run(argv: List[str]) -> int:
                 runpy.run_path(script, run_name="__main__")
         except SystemExit as exc:
             code = exc.code
+            if code is not None and not isinstance(code, int):
+                print(code, file=sys.stderr)    # as Python does for sys.exit("message"): shown, status 1
             return code if isinstance(code, int) else (0 if code is None else 1)
         finally:
             if eager is not None:
