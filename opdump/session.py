@@ -200,23 +200,25 @@ class Session:
             atexit.unregister(self._atexit_hook)
             self._atexit_hook = None
         active.deactivate(self)
-        for hook in self._close_hooks:
-            hook()
-        self._end_iteration(self.iteration)
-        errors = self.writer.close()
-        self.recorder.close()
-        if self._layout is not None:
-            if not errors:
-                self._on_disk_through = self._lag_iteration
-                self._write_global_orders()
-            self._write_manifest(complete=not self.writer.errors, running=False)
-        if self._manifest is not None:
-            self._manifest.close()
-        if self._tree is not None:
-            self._tree.close()
-        _LIVE.discard(self)
-        self._iteration_end_hooks.clear()
-        self._close_hooks.clear()
+        try:
+            for hook in self._close_hooks:
+                hook()
+            self._end_iteration(self.iteration)
+        finally:                        # whatever a hook raised, the files are flushed and the folder freed
+            errors = self.writer.close()
+            self.recorder.close()
+            if self._layout is not None:
+                if not errors:
+                    self._on_disk_through = self._lag_iteration
+                    self._write_global_orders()
+                self._write_manifest(complete=not self.writer.errors, running=False)
+            if self._manifest is not None:
+                self._manifest.close()
+            if self._tree is not None:
+                self._tree.close()
+            _LIVE.discard(self)
+            self._iteration_end_hooks.clear()
+            self._close_hooks.clear()
         for entry in self.selector.kernels.unused():
             warnings.warn(f"opdump: kernels entry {entry!r} matched no operator", UserWarning, stacklevel=2)
 
