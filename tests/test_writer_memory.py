@@ -130,3 +130,28 @@ def test_statistic_rows_count_against_the_writer_budget(tmp_path):
         s.writer.flush()
         assert s.writer.held == 0
     assert any(n > 0 for n in seen)
+
+
+def test_a_failing_job_warns_once_and_nothing_raises_or_runs_after():
+    """A write error is reported once; queued and later jobs are dropped (never raising into
+    the caller), their reserved bytes given back, the mark/wait lag bound still returns."""
+    writer = BackgroundWriter(budget_bytes=1 << 20, threads=1)
+    ran = []
+    gate = threading.Event()
+
+    def fail():
+        gate.wait()
+        raise OSError(28, "No space left on device", "/x/y.npy")
+    with pytest.warns(RuntimeWarning, match=r"dumping stops.*No space left on device: '/x/y.npy'") as caught:
+        first = writer.submit(fail, 100)
+        queued = writer.submit(lambda: ran.append("queued"), 100)
+        gate.set()
+        writer.wait(writer.mark())
+        writer.reserve(50)
+        late = writer.submit(lambda: ran.append("late"), 50, reserved=True)
+        writer.fail(OSError("second"))
+    assert len([w for w in caught if "dumping stops" in str(w.message)]) == 1
+    assert first.result() is None and queued.result() is None and late.result() is None
+    assert ran == [] and writer.held == 0 and writer.failed and len(writer.errors) == 2
+    assert len(writer.close()) == 2
+    assert writer.submit(lambda: ran.append("closed")).result() is None and ran == []
