@@ -139,6 +139,12 @@ def _check_files(tmp_path, a, b, chunk=METRIC_CHUNK, name="x"):
         ref = reference_pair_metrics(pa, pb, chunk)
     _same(M.pair_metrics(str(pa), str(pb), chunk), ref)
     _same(M.pair_metrics(str(pa), str(pb), chunk, M.npy_layout(str(pa)), M.npy_layout(str(pb))), ref)
+    small = M.SMALL_BYTES
+    M.SMALL_BYTES = -1                  # every pair streamed (else up to 1 MB is read whole)
+    try:
+        _same(M.pair_metrics(str(pa), str(pb), chunk), ref)
+    finally:
+        M.SMALL_BYTES = small
     return ref
 
 

@@ -39,6 +39,7 @@ import ctypes
 import math
 import os
 import re
+import threading
 from typing import Any, Dict, Iterator, Optional, Tuple
 
 import numpy as np
@@ -126,13 +127,26 @@ def _squares_safe(dtype: np.dtype) -> bool:
     return dtype.kind in "biu" or (dtype.kind == "f" and dtype.itemsize <= 4)
 
 
+_LOCAL = threading.local()
+
+
+def _work_buffers(m: int):
+    """Four float64 buffers and a bool buffer of ``m`` elements, kept per thread for the next
+    pair (allocating 2 MB per pair costs page faults; a worker compares thousands)."""
+    bufs = getattr(_LOCAL, "bufs", None)
+    if bufs is None or bufs[0].size < m:
+        bufs = tuple(np.empty(m, np.float64) for _ in range(4)) + (np.empty(m, np.bool_),)
+        if m <= METRIC_CHUNK:
+            _LOCAL.bufs = bufs
+    return tuple(b[:m] for b in bufs)
+
+
 class _Accumulator:
     """Every metric of a pair, chunk by chunk, in float64 (reused work buffers)."""
 
     def __init__(self, chunk: int, squares_safe: bool):
         m = max(1, chunk)
-        self.bufa, self.bufb, self.bufd, self.buft = (np.empty(m, np.float64) for _ in range(4))
-        self.bools = np.empty(m, np.bool_)
+        self.bufa, self.bufb, self.bufd, self.buft, self.bools = _work_buffers(m)
         self.squares_safe = squares_safe
         self.dot = self.na2 = self.nb2 = self.ssq = self.sabs = 0.0
         self.max_abs = self.max_rel = self.max_ref = 0.0
@@ -290,13 +304,16 @@ def npy_layout(path: str) -> Layout:
     """(shape, dtype, data offset, fortran order) of a ``.npy`` file whose size holds the data
     its header describes. Raises ValueError with the reason otherwise (bad magic, unreadable
     header, object dtype, file shorter than the header says)."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        fast = _fast_header(f.read(512))
-        if fast is not None:
-            shape, fortran, dtype, offset = fast
-        else:
-            f.seek(0)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        fast = _fast_header(os.pread(fd, 512, 0))
+    finally:
+        os.close(fd)
+    if fast is not None:
+        shape, fortran, dtype, offset = fast
+    else:
+        with open(path, "rb") as f:
             try:
                 version = np.lib.format.read_magic(f)
                 if version == (1, 0):
@@ -404,6 +421,49 @@ def _identical(da: _Data, db: _Data) -> Optional[Dict[str, Any]]:
     return _identical_result(n, max_ref)
 
 
+SMALL_BYTES = 1 << 20       # data regions up to this size are read whole (one pread)
+_DTYPE_NAMES: Dict[np.dtype, str] = {}
+
+
+def _dtype_name(d: np.dtype) -> str:
+    name = _DTYPE_NAMES.get(d)
+    if name is None:
+        name = _DTYPE_NAMES[d] = str(d)
+    return name
+
+
+def _read_whole(path: str, layout: Layout) -> bytes:
+    """The data region of a small ``.npy`` file (size checked again: it may have changed)."""
+    shape, dtype, offset, _f = layout
+    nbytes = math.prod(shape) * dtype.itemsize
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        if size < offset + nbytes:
+            raise ValueError(f"truncated or corrupt: the header describes {offset + nbytes} bytes "
+                             f"(shape {shape}, {dtype}), the file has {size}")
+        data = os.pread(fd, nbytes, offset) if nbytes else b""
+    finally:
+        os.close(fd)
+    if len(data) != nbytes:
+        raise ValueError(f"truncated or corrupt: {len(data)} of {nbytes} data bytes could be read")
+    return data
+
+
+def _small_metrics(ra: bytes, rb: bytes, la: Layout, lb: Layout, chunk: int) -> Dict[str, Any]:
+    """Metrics of two data regions held in memory (same numbers as the streamed pass)."""
+    dta, dtb = la[1], lb[1]
+    safe = _squares_safe(dta) and _squares_safe(dtb)
+    if dta == dtb and safe and ra == rb:
+        return _identical_result(*_block_stats(np.frombuffer(rb, dtype=dtb)))
+    a, b = np.frombuffer(ra, dtype=dta), np.frombuffer(rb, dtype=dtb)
+    acc = _Accumulator(min(chunk, max(1, a.size)), safe)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        for s in range(0, a.size, chunk):
+            acc.add(a[s:s + chunk], b[s:s + chunk])
+    return acc.result()
+
+
 def _stream_metrics(da: _Data, db: _Data, chunk: int) -> Dict[str, Any]:
     count = da.count
     m = min(chunk, max(1, count))
@@ -450,10 +510,24 @@ def pair_metrics(path_a: str, path_b: str, chunk: int = METRIC_CHUNK, layout_a: 
     la, lb = layouts
     if not (_streamable(la) and _streamable(lb)):
         return _legacy_pair(path_a, path_b, chunk)
-    out: Dict[str, Any] = {"shape_a": la[0], "shape_b": lb[0], "np_dtype_a": str(la[1]), "np_dtype_b": str(lb[1])}
+    out: Dict[str, Any] = {"shape_a": la[0], "shape_b": lb[0], "np_dtype_a": _dtype_name(la[1]),
+                           "np_dtype_b": _dtype_name(lb[1])}
     ca, cb = math.prod(la[0]), math.prod(lb[0])
     if ca != cb:
         out.update({"error": f"element count differs: {ca} vs {cb}", "n": 0})
+        return out
+    if ca * max(la[1].itemsize, lb[1].itemsize) <= SMALL_BYTES:
+        raw = []
+        for p, lay in ((path_a, la), (path_b, lb)):
+            try:
+                raw.append(_read_whole(p, lay))
+            except Exception as e:  # noqa: BLE001
+                return {"error": f"cannot read {p}: {e}", "unreadable": p, "n": 0}
+        try:
+            with single_thread_blas():
+                out.update(_small_metrics(raw[0], raw[1], la, lb, chunk))
+        except Exception as e:  # noqa: BLE001
+            return {"error": f"cannot compare: {type(e).__name__}: {e}", "unreadable": path_a, "n": 0}
         return out
     opened = []
     try:
