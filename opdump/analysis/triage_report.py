@@ -274,10 +274,11 @@ def _triage_boxes(result) -> List[str]:
         f"<li>{_e(r.name)}: dump <code>{_e(r.dump)}</code>, exit {_e(r.returncode)}, log <code>{_e(r.log)}</code>"
         f"<br><code>{_e(r.shell_command)}</code></li>" for r in runs) + "</ul></div>")
     if s.kernels:
+        files = result.files if rep is not None and rep.reproduced else {}     # not reproduced: no files offered
         boxes.append("<div class='box' id='suspects'><b>Suspects</b> (run 2 dumps their tensors at iteration(s) "
                      f"{_e('|'.join(map(str, s.iterations)))})<ul>" + "".join(
                          f"<li><code>{_e(k)}</code>" + "".join(f"<br>&nbsp;&nbsp;<code>{_e(p)}</code>"
-                                                               for p in result.files.get(k, [])) + "</li>"
+                                                               for p in files.get(k, [])) + "</li>"
                          for k in s.kernels) + "</ul></div>")
     if s.notes:
         boxes.append("<details class='box' id='notes'><summary>Analysis notes</summary><pre>"
