@@ -1,0 +1,267 @@
+"""The compare benchmark (issue 25): ``opdump compare`` on pairs of real dumps, warm and
+cold page cache, against a plain numpy loop reading the same files.
+
+Dumps (written once by ``bench/compare_dumps.py`` under ``--root``): ``alexnet`` (the
+issue's AlexNet, batch 24, 4 iterations), ``small`` (tens of thousands of small tensors),
+``large`` (few tensors of up to 64 MiB), each as A, B = A with the first weight scaled by
+1 + 1e-6 (every pair differs: the full metric pass) and ``same`` = A run again
+(byte-identical: compare's fast path), and ``stats`` (a statistics-only pair of
+100,000+ rows).
+
+Each measurement is the command a user types, ``opdump compare A B --csv FILE -q``, in a
+fresh process (imports included), timed by wall clock, with the CPU time of the process
+and its workers next to it. MB/s is per side: the bytes of A's ``.npy`` files over the
+wall time. *Cold*: ``os.sync()`` then ``posix_fadvise(DONTNEED)`` on every file of both
+dumps before the run (only those pages leave the cache; the other users of the machine
+keep theirs). *numpy loop*: one process loads each ``.npy`` file of A with ``np.load``
+and makes one float64 pass over it in 65,536-element chunks -- the floor for reading the
+same files from Python.
+
+Usage::
+
+    .venv/bin/python bench/compare_bench.py                 # all shapes, 3 repeats, markdown to stdout
+    .venv/bin/python bench/compare_bench.py --shapes alexnet --repeat 1 --json /tmp/c.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from typing import Dict, List
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+import compare_dumps  # noqa: E402
+
+CHUNK = 1 << 16
+
+
+def npy_files(path: str) -> List[str]:
+    return sorted(os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs if f.endswith(".npy"))
+
+
+def all_files(path: str) -> List[str]:
+    return [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs]
+
+
+def drop_cache(paths: List[str]) -> None:
+    """Write back, then ask the kernel to drop the cached pages of every file under ``paths``."""
+    os.sync()
+    for p in paths:
+        for f in all_files(p):
+            try:
+                fd = os.open(f, os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def cached_share(paths: List[str], limit: int = 400) -> float:
+    """Share of the first ``limit`` files' pages in the page cache (mincore through mmap),
+    to check that a cold run started cold; -1 when it cannot be measured."""
+    import ctypes
+    import mmap
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return -1.0
+    page = mmap.PAGESIZE
+    resident = total = 0
+    for p in paths:
+        for f in npy_files(p)[:limit]:
+            size = os.path.getsize(f)
+            if size == 0:
+                continue
+            with open(f, "rb") as fh:
+                m = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)   # writable view for ctypes; never written
+                try:
+                    n = (size + page - 1) // page
+                    vec = (ctypes.c_ubyte * n)()
+                    addr = ctypes.c_void_p.from_buffer(m)  # type: ignore[arg-type]
+                    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+                    if libc.mincore(ctypes.addressof(addr), ctypes.c_size_t(size), vec) != 0:
+                        return -1.0
+                    resident += sum(1 for v in vec if v & 1)
+                    total += n
+                    del addr
+                finally:
+                    try:
+                        m.close()
+                    except BufferError:
+                        pass
+    return resident / total if total else -1.0
+
+
+def data_bytes(path: str) -> int:
+    return sum(os.path.getsize(f) for f in npy_files(path))
+
+
+def run_cli(a: str, b: str, workdir: str) -> Dict[str, float]:
+    """``opdump compare A B`` in a fresh process: wall and CPU seconds (process + workers)."""
+    exe = os.path.join(ROOT, ".venv", "bin", "opdump")
+    cmd = ([exe] if os.path.exists(exe) else [sys.executable, "-m", "opdump"]) + \
+        ["compare", a, b, "--csv", os.path.join(workdir, "cmp.csv"), "-q"]
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if p.returncode not in (0, 1):
+        raise RuntimeError(f"opdump compare failed ({p.returncode}): {p.stderr[-2000:]}")
+    return {"wall_s": wall, "cpu_s": (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)}
+
+
+_API = """
+import json, sys, time
+t0 = time.perf_counter()
+from opdump.analysis.compare import compare
+import pandas
+t1 = time.perf_counter()
+r = compare(sys.argv[1], sys.argv[2], progress=False)
+r.to_csv(sys.argv[3])
+t2 = time.perf_counter()
+print(json.dumps({"import_s": t1 - t0, "compare_s": t2 - t1}))
+"""
+
+
+def run_api(a: str, b: str, workdir: str) -> Dict[str, float]:
+    """``compare(A, B)`` + ``to_csv`` timed inside a fresh process, after its imports (the CLI
+    also imports torch through ``opdump/__init__``: that start-up is not compare's)."""
+    p = subprocess.run([sys.executable, "-c", _API, a, b, os.path.join(workdir, "api.csv")], cwd=ROOT,
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"compare() failed: {p.stderr[-2000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def numpy_loop(path: str) -> Dict[str, float]:
+    """Load every ``.npy`` file of ``path`` and make one float64 pass (same process)."""
+    import numpy as np
+    buf = np.empty(CHUNK, np.float64)
+    t0, c0 = time.perf_counter(), time.process_time()
+    total = 0.0
+    for f in npy_files(path):
+        a = np.load(f, allow_pickle=False)
+        flat = a.reshape(-1)
+        if flat.dtype.kind not in "biuf":
+            continue
+        for s in range(0, flat.size, CHUNK):
+            c = flat[s:s + CHUNK]
+            x = buf[:c.size]
+            x[...] = c
+            total += float(x.sum())
+    return {"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0}
+
+
+def measure(root: str, shapes: List[str], repeat: int, workdir: str, log=print) -> Dict:
+    out: Dict = {"machine": machine(), "runs": []}
+    for shape in shapes:
+        dumps = compare_dumps.ensure(root, shape, log=log)
+        a = dumps["a"]
+        mb = data_bytes(a) / 1e6
+        nfiles = len(npy_files(a))
+        variants = ["b"] if shape == "stats" else ["b", "same"]
+        for v in variants:
+            b = dumps[v]
+            for cache in ("warm", "cold"):
+                walls, cpus, resid, api = [], [], [], []
+                if cache == "warm":
+                    run_cli(a, b, workdir)            # brings both dumps into the page cache
+                for _ in range(repeat):
+                    if cache == "cold":
+                        drop_cache([a, b])
+                        resid.append(cached_share([a, b]))
+                    r = run_cli(a, b, workdir)
+                    walls.append(r["wall_s"])
+                    cpus.append(r["cpu_s"])
+                    if cache == "warm":
+                        api.append(run_api(a, b, workdir)["compare_s"])
+                row = {"shape": shape, "pair": "A vs B (perturbed)" if v == "b" else "A vs A again (identical)",
+                       "cache": cache, "mb_per_side": mb, "files_per_side": nfiles,
+                       "wall_s": statistics.median(walls), "walls": walls, "cpu_s": statistics.median(cpus),
+                       "cached_before": resid, "load": os.getloadavg()[0],
+                       "api_s": statistics.median(api) if api else None}
+                row["mb_s"] = mb / row["wall_s"] if mb else None
+                out["runs"].append(row)
+                if row["api_s"] and mb:
+                    row["api_mb_s"] = mb / row["api_s"]
+                log(f"{shape:8s} {v:5s} {cache}: {row['wall_s']:.2f} s wall, {row['cpu_s']:.2f} s CPU"
+                    + (f", {row['mb_s']:.0f} MB/s per side" if mb else "") + f", load {row['load']:.1f}")
+        if shape != "stats":
+            for cache in ("warm", "cold"):
+                walls, cpus = [], []
+                if cache == "warm":
+                    numpy_loop(a)
+                for _ in range(repeat):
+                    if cache == "cold":
+                        drop_cache([a])
+                    r = numpy_loop(a)
+                    walls.append(r["wall_s"])
+                    cpus.append(r["cpu_s"])
+                row = {"shape": shape, "pair": "numpy loop over A", "cache": cache, "mb_per_side": mb,
+                       "files_per_side": nfiles, "wall_s": statistics.median(walls), "walls": walls,
+                       "cpu_s": statistics.median(cpus), "load": os.getloadavg()[0]}
+                row["mb_s"] = mb / row["wall_s"]
+                out["runs"].append(row)
+                log(f"{shape:8s} numpy {cache}: {row['wall_s']:.2f} s, {row['mb_s']:.0f} MB/s")
+    return out
+
+
+def machine() -> Dict[str, str]:
+    cpu = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    return {"cpu": cpu, "cores": str(os.cpu_count()), "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+            "opdump commit": rev, "load average at start": " ".join(f"{x:.2f}" for x in os.getloadavg())}
+
+
+def markdown(res: Dict) -> str:
+    lines = ["| dump | pair | cache | MB per side (files) | `opdump compare` wall s | CPU s | MB/s per side "
+             "| `compare()` s (MB/s) | load |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in res["runs"]:
+        mbs = f"{r['mb_s']:.0f}" if r.get("mb_s") else "–"
+        api = "–"
+        if r.get("api_s"):
+            api = f"{r['api_s']:.2f}" + (f" ({r['api_mb_s']:.0f})" if r.get("api_mb_s") else "")
+        lines.append(f"| {r['shape']} | {r['pair']} | {r['cache']} | {r['mb_per_side']:.0f} ({r['files_per_side']}) | "
+                     f"{r['wall_s']:.2f} | {r['cpu_s']:.2f} | {mbs} | {api} | {r['load']:.1f} |")
+    m = res["machine"]
+    return "\n".join(lines) + "\n\n" + "; ".join(f"{k}: {v}" for k, v in m.items()) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="opdump compare benchmark (warm/cold, numpy reference)")
+    ap.add_argument("--root", default="/tmp/opdump-cmp", help="where the benchmark's dumps live")
+    ap.add_argument("--shapes", default="alexnet,small,large,stats")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--json", help="write the results here")
+    a = ap.parse_args(argv)
+    import tempfile
+    with tempfile.TemporaryDirectory() as work:
+        res = measure(a.root, a.shapes.split(","), a.repeat, work, log=lambda s: print(s, file=sys.stderr, flush=True))
+    if a.json:
+        tmp = a.json + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(res, f, indent=1)
+        os.replace(tmp, a.json)
+    print(markdown(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
