@@ -155,17 +155,17 @@ def _trend(points: List[Dict[str, Any]], key: str, title: str, plot_id: str, ori
     for v in range(int(y0), int(y1) + 1, stepy):
         out.append(f'<line x1="{_ML}" y1="{sy(v):.1f}" x2="{_ML + pw}" y2="{sy(v):.1f}" stroke="#eee"/>'
                    f'<text x="{_ML - 6}" y="{sy(v) + 4:.1f}" text-anchor="end">1e{v}</text>')
-    prev = None
-    bounds = 0
+    starts: List[Tuple[int, int]] = []        # (x, iteration) where each iteration starts
     for x, p in enumerate(points):
-        if p["iteration"] != prev:
-            if prev is not None and bounds < 200:
-                bounds += 1
-                out.append(f'<line class="iteration-start" x1="{sx(x):.1f}" y1="{_MT}" x2="{sx(x):.1f}" '
-                           f'y2="{_MT + ph}" stroke="#90a4ae" stroke-dasharray="2,3"/>')
-            if bounds < 30:
-                out.append(f'<text x="{sx(x) + 2:.1f}" y="{_H - 14}">it {p["iteration"]}</text>')
-            prev = p["iteration"]
+        if not starts or starts[-1][1] != p["iteration"]:
+            starts.append((x, p["iteration"]))
+    every = max(1, int(math.ceil(len(starts) / 16)))          # at most ~16 labels, lines up to 100 iterations
+    for k, (x, it) in enumerate(starts):
+        if k and len(starts) <= 100:
+            out.append(f'<line class="iteration-start" x1="{sx(x):.1f}" y1="{_MT}" x2="{sx(x):.1f}" '
+                       f'y2="{_MT + ph}" stroke="#90a4ae" stroke-dasharray="2,3"/>')
+        if k % every == 0:
+            out.append(f'<text x="{sx(x) + 2:.1f}" y="{_H - 14}">it {_e(it)}</text>')
     segments: List[List[int]] = []          # runs of tensors with a value: no line across a NaN gap
     for x, y in zip(xs, ys):
         if math.isnan(y):
