@@ -10,7 +10,6 @@ all-reduced). Each rank sees its own data. Prints ``RANK r STEP i loss v``.
 import argparse
 import atexit
 import os
-import sys
 
 import torch
 import torch.distributed as dist
