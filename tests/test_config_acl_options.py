@@ -4,7 +4,8 @@ import json
 import pytest
 
 from opdump.config import ConfigError, DumpConfig, IterationSpec
-from opdump.config.loader import DumpOptions, from_options, load_config, load_config_dict
+from opdump.config.loader import load_config, load_config_dict
+from opdump.config.options import DumpOptions, from_options
 
 
 def load(dump, **top):

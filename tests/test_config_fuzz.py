@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from opdump.config import ConfigError
-from opdump.config.loader import from_options, load_config, load_config_dict
+from opdump.config.loader import load_config, load_config_dict
+from opdump.config.options import from_options
 from opdump.config.model import DumpConfig
 
 FILE = "/cfg/data_dump.json"

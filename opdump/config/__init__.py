@@ -1,11 +1,9 @@
 """Configuration: dialects in, one validated :class:`DumpConfig` out."""
 from .errors import ConfigError
+from .loader import load_config, load_config_dict
 from .model import ALL_STATISTICS, DEFAULT_STATISTICS, DumpConfig, IterationSpec
+from .options import DumpOptions, from_options
 
-__all__ = ["ConfigError", "DumpConfig", "IterationSpec", "ALL_STATISTICS", "DEFAULT_STATISTICS", "load_config"]
+__all__ = ["ConfigError", "DumpConfig", "IterationSpec", "ALL_STATISTICS", "DEFAULT_STATISTICS", "load_config",
+           "load_config_dict", "DumpOptions", "from_options"]
 
-
-def load_config(*args, **kwargs) -> DumpConfig:
-    """Load and validate a config; see :func:`opdump.config.loader.load_config`."""
-    from .loader import load_config as _load
-    return _load(*args, **kwargs)

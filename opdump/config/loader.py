@@ -18,9 +18,8 @@ from .acl import parse_acl
 from .errors import ConfigError
 from .mindspore import OPDUMP, SECTIONS, parse_mindspore, parse_opdump_settings
 from .model import DumpConfig
-from .options import DumpOptions, from_options
 
-__all__ = ["load_config", "load_config_dict", "from_options", "DumpOptions", "CONFIG_ENV"]
+__all__ = ["load_config", "load_config_dict", "CONFIG_ENV"]
 
 CONFIG_ENV = ("OPDUMP_CONFIG", "MINDSPORE_DUMP_CONFIG")
 #: how deep a config file's arrays/objects may nest (opdump's own need 3 levels)

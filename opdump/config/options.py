@@ -16,6 +16,7 @@ from typing import Any, Mapping, Optional
 from . import validate as v
 from .errors import ConfigError
 from .iteration import parse_iteration
+from .loader import load_config
 from .model import DumpConfig
 from .rules import apply_rules
 
@@ -101,7 +102,6 @@ class DumpOptions:
                 raise ConfigError(PREFIX + f.name, getattr(self, f.name),
                                   "cannot be combined with dump_config.dump_config_path (the JSON file configures "
                                   "everything but enable_dump); drop one of them")
-        from .loader import load_config
         config = load_config(os.path.abspath(path), env=env)
         return config if enable is not False else config.replace(enable=False)
 
