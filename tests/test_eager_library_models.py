@@ -320,3 +320,33 @@ def test_graph_stack_trace_keeps_library_frames_and_drops_torch():
     frames = parse_stack_trace(trace)
     assert [(f.file, f.line) for f in frames] == [
         ("/home/u/train.py", 40), (f"{site}/transformers/models/llama/modeling_llama.py", 120)]
+
+
+class Stack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_gradient_accumulation_of_a_compiled_model_is_scoped_as_eager_hooks_scope_it(tmp_path):
+    """Under ``opdump run`` a compiled model's AccumulateGrad operators are caught by the eager
+    capture, which never saw its modules: their scope must still be the one eager mode gives
+    (``layers.0-Linear``: a ModuleList is never called, so it adds no segment)."""
+    torch.manual_seed(0)
+    model = Stack()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with opdump.Session(_config(tmp_path)) as session, EagerCapture(session):
+        run = torch.compile(model, backend=session.backend("eager"))
+        run(torch.randn(2, 4)).sum().backward()
+        opt.step()
+    torch._dynamo.reset()
+    eager_names = [o["full_name"] for o in _listing(tmp_path, 0)["ops"]]
+    accumulate = [n for n in eager_names if n.startswith("Gradients/") and "/detach-op" in n]
+    assert accumulate, eager_names
+    assert all(n.startswith(("Gradients/Default/Stack/layers.0-Linear/", "Gradients/Default/Stack/layers.1-Linear/"))
+               for n in accumulate), accumulate

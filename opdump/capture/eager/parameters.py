@@ -12,22 +12,30 @@ from .scopes import display_class, is_compiled_wrapper
 from .state import IterationState, Listing
 
 
+#: modules without a forward of their own: the hooks never see them, so the scopes of the
+#: modules inside them name them as part of the path (``layers.0-Block``), and so does this index
+_CONTAINERS = (torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.ParameterList, torch.nn.ParameterDict)
+
+
 def index_parameters(state: IterationState, root: torch.nn.Module, root_class: str) -> None:
     """Record in ``state.owners`` which module owns each parameter, also inside compiled
     sub-modules, whose modules the hooks do not see."""
     classes = {}
+    containers = set()                  # ModuleList/ModuleDict: never called, so no scope segment
     for path, sub in root.named_modules(remove_duplicate=False):
         if is_compiled_wrapper(sub):
             continue                    # its _orig_mod children carry the names
         clean = ".".join(part for part in path.split(".") if part != "_orig_mod")
         classes.setdefault(clean, display_class(sub))
+        if isinstance(sub, _CONTAINERS):
+            containers.add(clean)
         pairs = None
         for p in sub._parameters.values():
             if p is not None and id(p) not in state.owners:
                 if pairs is None:
                     parts = clean.split(".") if clean else []
-                    pairs = tuple((".".join(parts[:i]), classes.get(".".join(parts[:i]), "Module"))
-                                  for i in range(1, len(parts) + 1))
+                    prefixes = [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+                    pairs = tuple((q, classes.get(q, "Module")) for q in prefixes if q not in containers)
                 state.owners[id(p)] = (id(sub), pairs, root_class)
 
 
