@@ -311,3 +311,31 @@ def test_producers_in_a_graph_mode_listing():
     assert p["Default/Net/fc1-Linear/addmm-op1"].parameters == []        # primals_N: graph inputs, not named
     assert p["Default/Net/mul-op6"].ops == ["Default/Net/relu-op3"] and p["Default/Net/mul-op6"].parameters == [
         "fc1.weight"]
+
+
+def test_configs_from_a_users_config(tmp_path):
+    """--config: the user's settings are kept, its path replaced, --iterations applied; run 2 adds
+    the counts the reproduction check reads; another dialect is refused before any run."""
+    from opdump.analysis.triage_config import run1_config, run2_config, write_config
+    from opdump.config import ConfigError
+    user = tmp_path / "mine.json"
+    user.write_text(json.dumps({
+        "common_dump_settings": {"path": "/elsewhere/dump", "net_name": "Llama", "iteration": "0|5",
+                                 "saved_data": "statistic", "statistic_category": ["max", "l2norm"]},
+        "e2e_dump_settings": {"enable": True, "stat_calc_mode": "host"}}))
+    one = run1_config(str(tmp_path / "tri" / "run1"), str(user), "95-105")
+    c = one["common_dump_settings"]
+    assert c["path"] == str(tmp_path / "tri" / "run1") and c["iteration"] == "95-105" and c["net_name"] == "Llama"
+    assert c["statistic_category"] == ["max", "l2norm"] and one["e2e_dump_settings"]["stat_calc_mode"] == "host"
+    two = run2_config(one, str(tmp_path / "tri" / "run2"), ["Default/Net/relu-op3", "Parameter.fc1_weight"], [101, 99])
+    c2 = two["common_dump_settings"]
+    assert c2["dump_mode"] == 1 and c2["iteration"] == "99|101" and c2["saved_data"] == "full"
+    assert c2["kernels"] == ["Default/Net/relu-op3", "Parameter.fc1_weight"]
+    assert c2["statistic_category"][:2] == ["max", "l2norm"] and "nan count" in c2["statistic_category"]
+    assert c["statistic_category"] == ["max", "l2norm"]          # run 1's config untouched
+    (tmp_path / "tri").mkdir()
+    write_config(two, str(tmp_path / "tri" / "run2.json"))       # valid for opdump's own loader
+    acl = tmp_path / "acl.json"
+    acl.write_text(json.dumps({"dump": {"dump_path": "/x", "dump_mode": "all"}}))
+    with pytest.raises(ConfigError, match="common_dump_settings"):
+        run1_config(str(tmp_path / "t2"), str(acl))

@@ -40,16 +40,13 @@ def _default() -> Dict[str, Any]:
 def run1_config(path: str, user_config: Optional[str] = None, iterations: Optional[str] = None) -> Dict[str, Any]:
     """Run 1's config as a dict (see module doc). ``user_config``: a MindSpore-dialect JSON."""
     if user_config:
-        try:
-            with open(user_config, "rb") as f:
-                doc = json.loads(f.read().decode("utf-8"))
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"{user_config}: {e}") from None
-        if not isinstance(doc, dict) or "common_dump_settings" not in doc:
-            raise ConfigError(f"{user_config}: triage needs a MindSpore data_dump.json "
-                              "(a 'common_dump_settings' section)")
-        doc = copy.deepcopy(doc)
         load_config(user_config)           # the user's file as given: its own errors, its own name
+        with open(user_config, "rb") as f:
+            doc = json.loads(f.read().decode("utf-8"))
+        if not isinstance(doc, dict) or "common_dump_settings" not in doc:
+            raise ConfigError("(sections)", sorted(doc) if isinstance(doc, dict) else doc,
+                              "triage writes run 2's config in MindSpore's dialect: a data_dump.json with "
+                              "'common_dump_settings'", file=user_config)
     else:
         doc = _default()
     common = doc["common_dump_settings"]
