@@ -237,10 +237,15 @@ def triage(script: Sequence[str], *, config: Optional[str] = None, folder: Optio
             f"{'|'.join(map(str, sus.iterations))} -> {doc2['common_dump_settings']['path']} "
             f"(output: {folder}/run2.log)")
         result.run2 = _launch("run2", folder, doc2, script, cwd, echo)
-        dump2 = _open_run(result.run2)
-        result.reproduction = check_reproduction(dump1, dump2, sus.kernels, sus.iterations, sus.rank)
+        try:
+            dump2 = _open_run(result.run2)
+        except TriageError as e:           # run 2 dumped none of the suspects: not reproduced
+            result.reproduction = Reproduction(missing=[str(e).splitlines()[0]])
+            dump2 = None
+        else:
+            result.reproduction = check_reproduction(dump1, dump2, sus.kernels, sus.iterations, sus.rank)
         files: Dict[str, List[str]] = {}
-        for tf in dump2.tensor_files(rank=sus.rank):
+        for tf in (dump2.tensor_files(rank=sus.rank) if dump2 is not None else []):
             for name in sus.kernels:
                 if tf.op in (name, _file_form(name)) or tf.op_file == _file_form(name):
                     files.setdefault(name, []).append(str(tf.path))
