@@ -14,7 +14,25 @@ still unpaired (one rank pair × one iteration pair at a time).
 * :class:`NameMatcher` -- what is left (parameters, constants, operators that ran in
   another order) by the same full name, io, slot and call, signatures equal;
 * :class:`UniqueSignatureMatcher` -- operators that ran in another order within their
-  scope and whose signature occurs once among the unpaired calls of that scope on each side.
+  scope and whose signature occurs once among the unpaired calls of that scope on each side;
+* :func:`mark_front_end` -- what is still unpaired and exists on one side only because of
+  the front end (:mod:`.frontend`) is marked ``front-end`` instead of unmatched.
+
+Operator types are compared through :func:`.frontend.canonical_type`: an in-place operator
+and its functional twin (``add_``/``add``), functionalization's twins
+(``_native_batch_norm_legit_functional``/``native_batch_norm``, ``lift_fresh_copy``/
+``lift_fresh``) are the same computation; a twin's extra outputs (the new running
+statistics a functionalized batch norm returns) take no part in its signature.
+
+Tie-break among equal signatures: two calls of one scope with the same type and tensor
+signature (the weight-gradient and bias-gradient ``detach`` of a LayerNorm, accumulated in
+one order by eager autograd and in the other around a compiled backward) cannot be told
+apart by order. Where a scope holds several such calls, the aligned pairs of that signature
+are re-paired by value identity: a call of A whose output data (the last MiB of each output
+file, or its statistics row) is byte-identical to that of a call of B is paired with it, in
+order among equal fingerprints; the calls left over keep their aligned order. Values only
+break ties between calls the rules already consider interchangeable, so a real difference
+is still compared (and reported) against the call order gives it.
 
 Guarantees: every tensor ends in at most one pair; two tensors of different shapes (or
 dtype classes) are never paired by a rule (only a user mapping can pair them, and the
@@ -26,11 +44,13 @@ from difflib import SequenceMatcher
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..reader import sanitize
+from ..reader.statistics import STAT_COLUMNS as STAT_KEYS
+from .frontend import RULE_FRONT_END, canonical_signature, is_front_end
 from .mapping import split_tensor_ref
 from .pairs import RULE_MAPPING, RULE_NAME, RULE_ORDER, RULE_SIGNATURE, OpCall, Pair, Tensor
 
 __all__ = ["Matching", "Matcher", "MappingMatcher", "AlignedOrderMatcher", "NameMatcher", "UniqueSignatureMatcher", "match", "align",
-           "default_matchers"]
+           "default_matchers", "mark_front_end"]
 
 
 class Matching:
@@ -164,6 +184,64 @@ def _calls(tensors: Sequence[Tensor], free: Iterable[int]) -> Dict[str, List[Tup
     return out
 
 
+_FINGERPRINT_BYTES = 1 << 20
+
+
+def _fingerprint(c: OpCall) -> Optional[tuple]:
+    """What identifies a call's output values (None: unknown): the last MiB of each output
+    file (the data; same-dtype files of one shape have the same header), else its statistics."""
+    outs = sorted((t for t in c.tensors if t.io == "output"), key=lambda t: t.slot) or list(c.tensors)
+    parts = []
+    for t in outs:
+        if t.path:
+            try:
+                with open(t.path, "rb") as f:
+                    f.seek(0, 2)
+                    size = f.tell()
+                    f.seek(max(0, size - _FINGERPRINT_BYTES))
+                    parts.append(hash(f.read()))
+                continue
+            except OSError:
+                return None
+        if t.has_stats:
+            parts.append(tuple(str(t.row.get(k)) for k in STAT_KEYS if k in t.row))
+            continue
+        return None
+    return tuple(parts) if parts else None
+
+
+def _tie_break(chosen: List[Tuple[int, int]], sig_a: Sequence, ca: Sequence, cb: Sequence) -> List[Tuple[int, int]]:
+    """Re-pair the aligned calls of each signature that occurs more than once in the scope by
+    value identity (module doc); every other pair is kept."""
+    groups: Dict[tuple, List[Tuple[int, int]]] = {}
+    for x, y in chosen:
+        groups.setdefault(sig_a[x], []).append((x, y))
+    out: List[Tuple[int, int]] = []
+    for group in groups.values():
+        if len(group) < 2:
+            out += group
+            continue
+        fa = [_fingerprint(ca[x][0]) for x, _ in group]
+        fb = [_fingerprint(cb[y][0]) for _, y in group]
+        if fa == fb or None in fa or None in fb:
+            out += group
+            continue
+        free_y: Dict[tuple, List[int]] = {}
+        for (_, y), f in zip(group, fb):
+            free_y.setdefault(f, []).append(y)
+        left_x = []
+        for (x, _), f in zip(group, fa):
+            ys = free_y.get(f)
+            if ys:
+                out.append((x, ys.pop(0)))
+            else:
+                left_x.append(x)
+        taken = {y for _, y in out}
+        left_y = [y for _, y in group if y not in taken]
+        out += list(zip(left_x, left_y))
+    return out
+
+
 class AlignedOrderMatcher(Matcher):
     """Operators paired by aligning the two execution orders, scope by scope (module doc)."""
 
@@ -177,15 +255,17 @@ class AlignedOrderMatcher(Matcher):
             cb = calls_b.get(scope)
             if not cb:
                 continue
-            sig_a = [c.signature(ios) for c, _ in ca]
-            sig_b = [c.signature(ios) for c, _ in cb]
+            sig_a = [canonical_signature(c, ios) for c, _ in ca]
+            sig_b = [canonical_signature(c, ios) for c, _ in cb]
             by_sig = align(sig_a, sig_b)
             if sig_a == sig_b:
                 named = by_sig
             else:
-                anchors = align([c.named_signature(ios) for c, _ in ca], [c.named_signature(ios) for c, _ in cb])
+                anchors = align([(c.op,) + s for (c, _), s in zip(ca, sig_a)],
+                                [(c.op,) + s for (c, _), s in zip(cb, sig_b)])
                 named = _fill_gaps(anchors, sig_a, sig_b) if anchors else by_sig
             chosen = named if len(named) >= len(by_sig) else by_sig
+            chosen = _tie_break(chosen, sig_a, ca, cb)
             for x, y in chosen:
                 (oa, ia), (ob, ib) = ca[x], cb[y]
                 rule = RULE_NAME if oa.op == ob.op else self.rule
@@ -215,9 +295,9 @@ class UniqueSignatureMatcher(Matcher):
             count_a: Dict[tuple, List[int]] = {}
             count_b: Dict[tuple, List[int]] = {}
             for x, (c, _) in enumerate(ca):
-                count_a.setdefault(c.signature(ios), []).append(x)
+                count_a.setdefault(canonical_signature(c, ios), []).append(x)
             for y, (c, _) in enumerate(cb):
-                count_b.setdefault(c.signature(ios), []).append(y)
+                count_b.setdefault(canonical_signature(c, ios), []).append(y)
             for sig, xs in count_a.items():
                 ys = count_b.get(sig, [])
                 if len(xs) != 1 or len(ys) != 1:
@@ -259,9 +339,23 @@ def default_matchers(mapping: Optional[Iterable[Tuple[str, str]]] = None) -> Lis
     return out
 
 
+def mark_front_end(m: Matching) -> List[Pair]:
+    """The tensors still unpaired: ``front-end`` (rule) when only the front end puts them on
+    one side (:func:`.frontend.is_front_end`), plain unmatched otherwise."""
+    paired_calls = {m.A[i].call_key for i in m.used_a}, {m.B[j].call_key for j in m.used_b}
+    out = []
+    for side, idx in ((0, m.free_a()), (1, m.free_b())):
+        tensors = m.A if side == 0 else m.B
+        for i in idx:
+            t = tensors[i]
+            rule = RULE_FRONT_END if is_front_end(t, t.call_key in paired_calls[side]) else ""
+            out.append(Pair(t, None, rule) if side == 0 else Pair(None, t, rule))
+    return out
+
+
 def match(a: Sequence[Tensor], b: Sequence[Tensor], matchers: Sequence[Matcher]) -> List[Pair]:
     """Every tensor of ``a`` and ``b`` in exactly one :class:`Pair` (matched or unmatched)."""
     m = Matching(a, b)
     for matcher in matchers:
         matcher(m)
-    return m.pairs + m.unmatched()
+    return m.pairs + mark_front_end(m)

@@ -40,6 +40,8 @@ class CompareResult:
     operators: Dict[str, int] = field(default_factory=dict)    # calls_a, calls_b, matched_a, matched_b
     unreadable: List[Tuple[str, str]] = field(default_factory=list)   # (path, reason)
     warnings: List[str] = field(default_factory=list)
+    front_end_a: List[str] = field(default_factory=list)      # one side only because of the front end
+    front_end_b: List[str] = field(default_factory=list)      # (compare.frontend), not unmatched
 
     @property
     def counts(self) -> Dict[str, int]:
@@ -71,6 +73,7 @@ class CompareResult:
                 "diverged_parameters": self.diverged_parameters,
                 "nondeterministic_before": self.nondeterministic_before,
                 "unmatched_a": self.unmatched_a, "unmatched_b": self.unmatched_b,
+                "front_end_a": self.front_end_a, "front_end_b": self.front_end_b,
                 "unreadable": [{"path": p, "reason": r} for p, r in self.unreadable],
                 "warnings": self.warnings}
 
@@ -111,6 +114,9 @@ class CompareResult:
             lines.append("random operators that differ before it: " + ", ".join(self.nondeterministic_before[:5]))
         if self.unmatched_a or self.unmatched_b:
             lines.append(f"unmatched operators: {len(self.unmatched_a)} only in A, {len(self.unmatched_b)} only in B")
+        if self.front_end_a or self.front_end_b:
+            lines.append(f"front-end operators (not unmatched: one front end runs them, e.g. functionalization "
+                         f"copies, graph inputs): {len(self.front_end_a)} only in A, {len(self.front_end_b)} only in B")
         if self.unreadable:
             lines.append(f"unreadable files: {len(self.unreadable)} (not compared)")
             lines += [f"  {p}: {r}" for p, r in self.unreadable[:10]]

@@ -18,6 +18,7 @@ from ..metrics import npy_layout
 from ..reader import Dump, open_dump
 from .first import calls_in_order, first_difference, first_divergence
 from .mapping import load_mapping
+from .frontend import RULE_FRONT_END
 from .match import default_matchers, match
 from .pairs import TABLE_COLUMNS, Pair, Tensor
 from .pool import default_workers, run_pairs
@@ -255,11 +256,13 @@ def _result(da, db, pairs: List[Pair], rank_pairs, it_pairs, thresholds, pd) -> 
     unmatched_b: Dict[str, None] = {}
     matched_by: Dict[str, int] = {}
     unreadable: Dict[str, str] = {}
+    front_a: Dict[str, None] = {}
+    front_b: Dict[str, None] = {}
     for p in pairs:
         if p.a is not None and p.b is None:
-            unmatched_a.setdefault(p.a.op, None)
+            (front_a if p.rule == RULE_FRONT_END else unmatched_a).setdefault(p.a.op, None)
         elif p.b is not None and p.a is None:
-            unmatched_b.setdefault(p.b.op, None)
+            (front_b if p.rule == RULE_FRONT_END else unmatched_b).setdefault(p.b.op, None)
         else:
             matched_by[p.rule] = matched_by.get(p.rule, 0) + 1
         for t in (p.a, p.b):
@@ -291,4 +294,5 @@ def _result(da, db, pairs: List[Pair], rank_pairs, it_pairs, thresholds, pd) -> 
     return CompareResult(str(da.path), str(db.path), table, None, [], [], list(unmatched_a), list(unmatched_b),
                          thresholds, it_pairs, (rank_pairs[0] if len(rank_pairs) == 1 else (None, None)),
                          matched_by=matched_by, operators=ops, unreadable=sorted(unreadable.items()),
-                         warnings=warnings)
+                         warnings=warnings, front_end_a=[o for o in front_a if o not in unmatched_a],
+                         front_end_b=[o for o in front_b if o not in unmatched_b])

@@ -161,6 +161,8 @@ def judge_pair(p: Pair, th: Thresholds) -> bool:
     if p.a is None or p.b is None:
         p.verdict = "unmatched"
         p.reason = "only in A" if p.b is None else "only in B"
+        if p.rule == "front-end":           # .frontend: one side only because of the front end
+            p.reason += " (front-end operator)"
         return False
     a, b = p.a, p.b
     if is_garbage(a.op_type, a.io, a.slot) or is_garbage(b.op_type, b.io, b.slot):
