@@ -244,16 +244,51 @@ def markdown(res: Dict) -> str:
     return "\n".join(lines) + "\n\n" + "; ".join(f"{k}: {v}" for k, v in m.items()) + "\n"
 
 
+BEGIN, END = "<!-- compare_bench: begin -->", "<!-- compare_bench: end -->"
+
+
+def update_section(path: str, res: Dict, note: str = "") -> None:
+    """Replace (or append) this benchmark's marked section of ``path``; the file is written whole."""
+    body = (f"{BEGIN}\n## compare (issue 25)\n\nWritten by `bench/compare_bench.py --update` (see bench/README.md, "
+            "\"compare benchmark\"); MB/s is per side (bytes of A's `.npy` files over the wall time).\n\n"
+            + markdown(res) + ("\n" + note.strip() + "\n" if note.strip() else "") + END + "\n")
+    text = open(path).read() if os.path.exists(path) else ""
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        text = head + body + rest.split(END, 1)[1].lstrip("\n")
+    else:
+        text = text.rstrip("\n") + "\n\n" + body
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="opdump compare benchmark (warm/cold, numpy reference)")
     ap.add_argument("--root", default="/tmp/opdump-cmp", help="where the benchmark's dumps live")
     ap.add_argument("--shapes", default="alexnet,small,large,stats")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--from-json", nargs="+", help="results of earlier runs (merged in order): nothing measured")
+    ap.add_argument("--update", metavar="FILE", help="rewrite this benchmark's section of FILE (BENCHMARKS.md)")
+    ap.add_argument("--note", metavar="FILE", help="markdown appended to that section")
     a = ap.parse_args(argv)
-    import tempfile
-    with tempfile.TemporaryDirectory() as work:
-        res = measure(a.root, a.shapes.split(","), a.repeat, work, log=lambda s: print(s, file=sys.stderr, flush=True))
+    if a.from_json:
+        res = {"machine": {}, "runs": []}
+        for p in a.from_json:
+            with open(p) as f:
+                r = json.load(f)
+            res["machine"] = res["machine"] or r["machine"]
+            res["runs"] += r["runs"]
+    else:
+        import tempfile
+        with tempfile.TemporaryDirectory() as work:
+            res = measure(a.root, a.shapes.split(","), a.repeat, work,
+                          log=lambda s: print(s, file=sys.stderr, flush=True))
+    if a.update:
+        note = open(a.note).read() if a.note else ""
+        update_section(a.update, res, note)
     if a.json:
         tmp = a.json + ".tmp"
         with open(tmp, "w") as f:
