@@ -277,3 +277,39 @@ def test_user_inductor_options_are_kept_in_the_dumped_variant(tmp_path):
         names = [k["kernel"] for k in json.load(f)["kernels"]]
     # inductor_node names list FX node names (amax, exp, sum_1…), the default lists ATen ops (_softmax)
     assert len(names) == 1 and "amax" in names[0] and "_softmax" not in names[0], names
+
+
+def test_fused_operators_match_the_operator_dump(kernel_run, tmp_path):
+    """A fused operator is found in an operator-level dump of the same model by scope, type,
+    innermost source line and occurrence (README, "Kernel-level graph dump"): all of the
+    forward's; in the backward all but the forward operators inductor's partitioner
+    recomputes there."""
+    import collections
+    torch._dynamo.reset()
+    cfg = write_config(tmp_path, common={"iteration": "0"})
+    with opdump.Session(cfg) as session:
+        torch.compile(KNet(), backend=session.backend("aot_eager"))(torch.randn(5, 8)).backward()
+    torch._dynamo.reset()
+    forward_types = set()
+    for graph in (0, 1):
+        with open(tmp_path / "dump" / "rank_0" / "graphs" / f"ms_output_trace_code_graph_{graph}.json") as f:
+            operators = json.load(f)["ops"]
+        def line(op):
+            return (op["source"][-1]["file"], op["source"][-1]["line"]) if op["source"] else None
+
+        seen, count = {}, collections.Counter()
+        for op in operators:
+            key = (op["scope"], op["op_type"], line(op))
+            seen[key + (count[key],)] = op
+            count[key] += 1
+        fused = {f["full_name"]: f for k in _kernels(kernel_run, graph)["kernels"] for f in k["fused_operators"]}
+        unmatched = set()
+        for f in fused.values():
+            if (f["scope"], f["op_type"], line(f), f["occurrence"]) not in seen:
+                unmatched.add(f["op_type"])
+        if graph == 0:
+            assert unmatched == set() and len(fused) >= 8
+            forward_types = {f["op_type"] for f in fused.values()}
+        else:
+            assert unmatched <= forward_types, unmatched     # recomputed in the backward by inductor
+            assert len(fused) - len(unmatched) >= 8

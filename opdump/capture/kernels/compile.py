@@ -152,6 +152,7 @@ class Buffers:
         instance = origins.instance_of(node, lowered)
         layout = self.layouts.get(name) if name else None
         return {"buffer": expression, "node": node, "stores": instance.full_name if instance else None,
+                "stores_occurrence": instance.occurrence if instance else None,
                 "shape": list(layout[0]) if layout else None,
                 "dtype": dtype_name(layout[1]) if layout else None}
 
@@ -193,6 +194,7 @@ def kernels_json(graph_id: int, kind: str, ops: List[OpInfo], calls: List[Kernel
         {"index": op.index, "full_name": op.full_name, "kernel": call.kernel, "op_type": op.op_type,
          "handle": call.handle, "generated_code_line": call.line, "outputs": op.buffers,
          "fused_operators": [{"full_name": f.full_name, "op_type": f.op_type, "scope": f.scope,
+                              "occurrence": f.occurrence,
                               "source": [{"file": s.file, "line": s.line, "code": s.code, "function": s.function}
                                          for s in f.source]} for f in op.fused]}
         for op, call in zip(ops, calls)]}

@@ -3,12 +3,15 @@
 Inductor lowers a graph that AOTAutograd already decomposed (``native_layer_norm``
 became ``var_mean``, ``rsqrt``, ``mul``…); every node keeps ``original_aten`` (the
 operator it came from), ``nn_module_stack`` and ``stack_trace``.  Nodes that come
-from one call of one ATen operator are consecutive in the graph, so the graph
-given to inductor is read back into *operator instances*, named as the operator
-dump names them (``{scope}/{op_type}-op{N}``, README "Output layout"; ``N``
-counts instances in graph order, so on the same graph it is the operator dump's
-``N``; a backward that inductor's partitioner recomputes differently can number
-differently, the scope, type and source line still match).
+from one call of one ATen operator share its ``original_aten`` and autograd
+sequence number (``seq_nr``; without one, they are consecutive in the graph),
+so the graph given to inductor is read back into *operator instances*, named as the operator
+dump names them (``{scope}/{op_type}-op{N}``, README "Output layout").  ``N``
+counts the instances of the graph inductor was given, which is not always the
+operator dump's graph: the operator dump also lists operators inductor's graph
+drops (``detach``) and its backward is partitioned differently, so ``N`` can
+differ.  What matches across the two dumps is the scope, the type, the innermost
+source line and the ``occurrence`` (k-th operator with those three, in graph order).
 
 Provenance (``kernel:handle`` → post-grad node names) maps each kernel to the
 instances it computes.  A node made by a post-grad pass (not in the graph read
@@ -34,6 +37,7 @@ class FusedOp:
     op_type: str
     scope: str
     source: Tuple[SourceLine, ...]
+    occurrence: int = 0          # k-th operator of this type, scope and innermost source line (0-based)
 
 
 def _key(node: fx.Node, kind: str, root: Optional[str]) -> Optional[Tuple[str, str, str]]:
@@ -60,6 +64,8 @@ class Origins:
         self.by_node: Dict[str, int] = {}
         self.by_key: Dict[Tuple[str, str, str], int] = {}
         prev_key, prev_decomposed = None, False
+        counts: Dict[tuple, int] = {}         # (scope, type, innermost source line) -> operators seen
+        groups: Dict[tuple, int] = {}        # (key, seq_nr) of a decomposed operator -> its instance
         for node in gm.graph.nodes:
             key = _key(node, kind, root)
             if key is None:
@@ -67,13 +73,24 @@ class Origins:
                     self.by_node[node.name] = len(self.instances) - 1    # getitem of a decomposed op
                 continue
             decomposed = node.meta.get("original_aten") not in (None, node.target)
+            seq_nr = node.meta.get("seq_nr")
+            group = (key, seq_nr) if decomposed and seq_nr is not None else None
+            if group is not None and group in groups:        # another piece of an operator seen before
+                self.by_node[node.name] = groups[group]
+                prev_key, prev_decomposed = key, decomposed
+                continue
             if not (decomposed and prev_decomposed and key == prev_key):
                 op_type, scope, trace = key
                 index = len(self.instances)
-                self.instances.append(FusedOp(f"{scope}/{op_type}-op{index}", op_type, scope,
-                                              parse_stack_trace(trace)))
+                source = parse_stack_trace(trace)
+                where = (scope, op_type, (source[-1].file, source[-1].line) if source else None)
+                k = counts.get(where, 0)
+                counts[where] = k + 1
+                self.instances.append(FusedOp(f"{scope}/{op_type}-op{index}", op_type, scope, source, k))
                 self.by_key.setdefault(key, index)
             self.by_node[node.name] = len(self.instances) - 1
+            if group is not None:
+                groups[group] = len(self.instances) - 1
             prev_key, prev_decomposed = key, decomposed
 
     def instance_of(self, node_name: Optional[str], lowered: Optional[fx.GraphModule]) -> Optional[FusedOp]:
