@@ -58,16 +58,31 @@ def _non_tensor_args(node: fx.Node) -> Dict[str, Any]:
     return out
 
 
+def _sum_stack(node: fx.Node, op_type: str, pos: Dict[fx.Node, int]):
+    """The module stack of a backward gradient sum (an ``add`` AOTAutograd inserts where a
+    forward tensor has several uses; it has no forward node): that of its input computed
+    last, as in eager mode, where autograd sums a gradient when its last contribution
+    arrives, inside the backward of the module that produced it (README, Eager mode: scopes)."""
+    if op_type != "add":
+        return None
+    inputs = tensor_inputs(node)
+    if not inputs:
+        return None
+    last = max(inputs, key=lambda n: pos.get(n, -1))
+    return last.meta.get("fwd_nn_module_stack") or last.meta.get("nn_module_stack")
+
+
 def read_ops(gm: fx.GraphModule, kind: str, root_class: Optional[str]) -> List[Tuple[fx.Node, OpInfo]]:
     """(node, OpInfo) for every operator of ``gm``; ``kind`` is forward, backward or inference."""
     result = []
+    pos = {n: i for i, n in enumerate(gm.graph.nodes)} if kind == "backward" else {}
     for node in gm.graph.nodes:
         if not is_operator(node):
             continue
         op_type, overload = op_type_of(node.target)
         meta = node.meta
         if kind == "backward":
-            stack = meta.get("fwd_nn_module_stack") or meta.get("nn_module_stack")
+            stack = meta.get("fwd_nn_module_stack") or meta.get("nn_module_stack") or _sum_stack(node, op_type, pos)
             scope = backward_scope(module_scope(stack_pairs(stack), root_class))
         else:
             stack = meta.get("nn_module_stack")
