@@ -154,6 +154,7 @@ def test_listing_maps_kernels_to_fused_operators_and_source(kernel_run):
     assert fused["full_name"] in ir and "native_layer_norm" in ir and path in ir
     assert ir.split(f"({addmm[0]['full_name']})")[0].splitlines()[-2].endswith("-> (<Tensor[Float32], (5, 16)>)")
     assert f"({_line('KERNEL-LINE-B')})/ h = self.ln(h)" in ir
+    assert "%para1_fc1.weight: <Tensor[Float32], (16, 8)>" in ir     # the parameters, as in operator mode
 
 
 def test_dumped_values_are_the_compiled_values(kernel_run):

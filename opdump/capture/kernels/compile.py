@@ -39,6 +39,7 @@ import torch.fx as fx
 
 from ..graph import faults
 from ..graph.inputs import lifted_constants, param_positions
+from ..graph.listing import write_graph_files
 from ..graph.runtime import GraphRuntime
 from ..op_info import OpInfo
 from .compare import Comparison, Reference, buffer_origin_pass, reference_copy
@@ -229,9 +230,7 @@ def _observe(capture, session, compiled, lowered: fx.GraphModule, kind: str, ori
     runtime = GraphRuntime(capture, session, graph_id, kind, ops, params, constants)
     capture.runtimes.append(runtime)
     layout = session.layout
-    described = []
-    layout.write_listing(graph_id, kind, ops, described)
-    layout.write_execution_order(graph_id, [op.full_name for op in ops])
+    write_graph_files(layout, lowered, graph_id, kind, ops, params)     # .ir/.json, execution order
     layout.write_small(layout.ir_path(graph_id, "kernels.json"),
                        kernels_json(graph_id, kind, ops, calls, code_path).encode())
     dump_outputs = session.config.dump_outputs
