@@ -189,3 +189,40 @@ def test_compare_keeps_training_bit_identical_with_dropout_and_graph_break(tmp_p
     assert any(any("dropout" in name for name in k["fused_operators"])
                and any(s.endswith(f":{_line('DROP-LINE')}") for s in k["source"]) for k in random), forward
     assert all(r["first_divergence"] is None for rs in reports.values() for r in rs)
+
+
+class WrongKeep(nn.Module):
+    """The matmul's output is also a graph output, so the wrongly lowered kernel reads it
+    instead of overwriting it."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.fc(x)
+        return torch.ops.opdump_test_k.scale2(torch.relu(h)) * 3.0, h
+
+
+def test_tensors_saved_only_for_the_diverging_kernel_and_its_inputs(tmp_path):
+    """saved_data "full" with compare_compiled: statistics for every kernel, tensor files only
+    for the diverging kernel's outputs and the buffers it read."""
+    from dumpfiles import tensor_files
+    _register_wrong_lowering()
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    cfg = write_config(tmp_path, common={"iteration": "0", "saved_data": "full", "net_name": "Keep"},
+                       extra={"opdump_settings": {"graph_dump": "kernels", "compare_compiled": True}})
+    with torch.no_grad(), opdump.Session(cfg) as session:
+        torch.compile(WrongKeep(), backend=session.backend())(torch.randn(4, 8))
+    torch._dynamo.reset()
+    folder = tmp_path / "dump" / "rank_0" / "Keep" / "0" / "0"
+    report = json.loads((folder / "compiled_vs_eager_graph_0.json").read_text())
+    first = report["first_divergence"]
+    assert first is not None and first["inputs"], first
+    files = [f for f in tensor_files(str(tmp_path / "dump")) if not f.op_type.startswith("Parameter")]
+    kinds = {(f.op_type, f.io) for f in files}
+    assert kinds == {(first["kernel"], "output"), (first["kernel"], "input")}, kinds
+    rows = (folder / "statistic.csv").read_text().splitlines()[1:]
+    kernels_with_stats = {row.split(",")[0] for row in rows} - {"Parameter"}
+    assert "addmm" in kernels_with_stats and first["kernel"] in kernels_with_stats

@@ -56,7 +56,8 @@ class Recorder:
         self._sink = _UNRESOLVED if self._launch is not None else None
 
     # ------------------------------------------------------------------ tensors
-    def record_all(self, folder: str, op: OpInfo, io: str, tensors: Sequence[Optional[torch.Tensor]]) -> None:
+    def record_all(self, folder: str, op: OpInfo, io: str, tensors: Sequence[Optional[torch.Tensor]],
+                   files: bool = True) -> None:
         """Dump the input (or output) tensors of ``op`` into ``folder`` (an iteration folder),
         each at its slot (None, or anything not a tensor: nothing at that slot).
 
@@ -67,9 +68,11 @@ class Recorder:
         """
         launch = self._launch
         if launch is None:
+            if not files and self.stats is None:
+                return                   # no file asked for this call, and no statistics at all
             for slot, t in enumerate(tensors):
                 if isinstance(t, torch.Tensor) and not self._unsupported(t):
-                    self._record(folder, op.op_type, op.full_name, io, slot, t, op=op)
+                    self._record(folder, op.op_type, op.full_name, io, slot, t, op=op, files=files)
             return
         op_type, name = op.op_type, op.full_name
         ts = self.clock(len(tensors))
@@ -137,15 +140,17 @@ class Recorder:
             rows = self._pending[folder] = []
         return rows
 
-    def _record(self, folder, op_type, op_name, io, slot, tensor, parameter=False, op=None) -> None:
-        """``op``: the operator (its file-name stem; parameters have their own name form)."""
+    def _record(self, folder, op_type, op_name, io, slot, tensor, parameter=False, op=None, files=True) -> None:
+        """``op``: the operator (its file-name stem; parameters have their own name form);
+        ``files`` False: statistics only, whatever ``saved_data`` says (compare_compiled saves
+        tensors of diverging kernels only)."""
         cfg = self.config
         self.tensors_recorded += 1
         ts = self.clock()
         stream = stream_id_of(tensor) if tensor.is_cuda else 0
         dtype = dtype_name(tensor.dtype)
         nbytes = tensor.numel() * tensor.element_size()
-        want_file = cfg.dump_tensors
+        want_file = cfg.dump_tensors and files
         stats = self.stats
         need_copy = want_file or (stats is not None and stats.needs_host_copy)
         # statistics alone: the device batch itself recognises a tensor it has seen

@@ -88,17 +88,17 @@ class GraphRuntime:
         except Exception as exc:  # noqa: BLE001
             self._failed(exc, "the end of a dumped call")
 
-    def tap_inputs(self, index: int, tensors) -> None:
+    def tap_inputs(self, index: int, tensors, files: bool = True) -> None:
         folder = self.folder
         if folder is None:
             return
         try:
             faults.check("tap")
-            self.recorder.record_all(folder, self.ops[index], "input", tensors)
+            self.recorder.record_all(folder, self.ops[index], "input", tensors, files)
         except Exception as exc:  # noqa: BLE001
             self._failed(exc, f"the inputs of {self.ops[index].full_name}")
 
-    def tap_outputs(self, index: int, value) -> None:
+    def tap_outputs(self, index: int, value, files: bool = True) -> None:
         folder = self.folder
         if folder is None:
             return
@@ -118,7 +118,7 @@ class GraphRuntime:
                 for t in leaves:
                     if isinstance(t, torch.Tensor):
                         recorder.forget(t)
-            recorder.record_all(folder, op, "output", leaves)
+            recorder.record_all(folder, op, "output", leaves, files)
         except Exception as exc:  # noqa: BLE001
             self._failed(exc, f"the outputs of {op.full_name}")
 

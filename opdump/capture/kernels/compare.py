@@ -199,8 +199,9 @@ class Comparison:
         self.status: Dict[str, str] = {}            # buffer name -> status
         self.kernels: List[Dict[str, Any]] = []
 
-    def check(self, call, op, outputs) -> None:
-        """Compare kernel ``call``'s output buffers (the tap's values) with their reference."""
+    def check(self, call, op, outputs) -> str:
+        """Compare kernel ``call``'s output buffers (the tap's values) with their reference;
+        the kernel's status (its worst output's)."""
         from .wrapper import buffer_names
         names = buffer_names(call.outputs)
         input_status = {n: self.status.get(n, "unknown") for n in call.inputs}    # before this kernel writes
@@ -231,6 +232,7 @@ class Comparison:
         entry["status"] = max((o["status"] for o in entry["outputs"]), key=lambda s: _ORDER[s], default="unknown")
         entry["input_status"] = input_status
         self.kernels.append(entry)
+        return entry["status"]
 
     def report(self, graph_id: int, kind: str, iteration: int, code_path: str) -> Dict[str, Any]:
         def inputs_match(k, allowed):

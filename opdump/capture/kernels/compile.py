@@ -234,18 +234,29 @@ def _observe(capture, session, compiled, lowered: fx.GraphModule, kind: str, ori
     layout.write_small(layout.ir_path(graph_id, "kernels.json"),
                        kernels_json(graph_id, kind, ops, calls, code_path).encode())
     dump_outputs = session.config.dump_outputs
+    dump_tensors = session.config.dump_tensors
     comparing: List = [None]           # the Comparison of the dumped call in progress
 
-    def tap(index: int, outputs) -> None:
+    def tap(index: int, outputs, reads=()) -> None:
         comparison = comparing[0]
+        status = None
         if comparison is not None:
             try:
-                comparison.check(calls[index], ops[index], outputs)
+                status = comparison.check(calls[index], ops[index], outputs)
             except Exception as exc:  # noqa: BLE001 - the dump must never break the step
                 comparing[0] = None
                 runtime._failed(exc, f"comparing {ops[index].full_name} with its reference")
-        if dump_outputs and ops[index].selected:
+        if not (dump_outputs and ops[index].selected):
+            return
+        if status is None:
             runtime.tap_outputs(index, outputs)
+            return
+        # compare_compiled: tensor files only for a diverging kernel (its outputs and the buffers
+        # it read), statistics for every kernel (README, "Kernel-level graph dump")
+        diverged = status == "diverged"
+        runtime.tap_outputs(index, outputs, files=diverged)
+        if diverged and dump_tensors and reads:
+            runtime.tap_inputs(index, reads)
 
     module.__dict__[TAP] = tap
     inner_call = module.call

@@ -42,6 +42,7 @@ class KernelCall:
     line: int                     # line of the call in the instrumented module (1-based)
     outputs: List[str] = field(default_factory=list)   # the output expressions, as written
     inputs: List[str] = field(default_factory=list)    # intermediate buffers (buf*) the call reads
+    reads: List[str] = field(default_factory=list)     # those of them that are its own arguments (live)
 
 
 _CPP_KERNEL = re.compile(r"void\s+kernel\s*\((?P<params>[^)]*)\)")
@@ -200,11 +201,15 @@ def instrument_wrapper(source: str, tag: str = "") -> Tuple[str, List[KernelCall
     inserts: List[Tuple[int, str]] = []                    # (after line, text)
     for index, (handle, kernel, stmt) in enumerate(marked):
         outs = _outputs(stmt, cpp, triton)
-        call = KernelCall(index, kernel, handle, stmt.lineno, outs, _inputs(stmt, outs, cpp, triton, reuses))
+        inputs = _inputs(stmt, outs, cpp, triton, reuses)
+        args = {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name)}
+        reads = [n for n in inputs if n in args and n not in buffer_names(outs)]
+        call = KernelCall(index, kernel, handle, stmt.lineno, outs, inputs, reads)
         calls.append(call)
         if outs:
             indent = lines[stmt.lineno - 1][: stmt.col_offset]
-            inserts.append((stmt.end_lineno, f"{indent}{TAP}({index}, ({', '.join(outs)},))"))
+            ins = f"({', '.join(reads)},)" if reads else "()"
+            inserts.append((stmt.end_lineno, f"{indent}{TAP}({index}, ({', '.join(outs)},), {ins})"))
     for after, text in sorted(inserts, reverse=True):
         lines.insert(after, text)
     shift = 1 if tag else 0
