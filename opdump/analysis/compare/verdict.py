@@ -111,11 +111,19 @@ _STATS_FOR_COMPARE = ("max", "min", "avg", "l2norm")
 
 def stats_verdict(ra: Dict[str, Any], rb: Dict[str, Any], th: Thresholds) -> Tuple[str, str, Dict[str, Any]]:
     """(verdict, reason, {"stat_max_rel_diff": …}) of two statistics rows."""
+    ma, mb = ra.get("md5"), rb.get("md5")
+    if isinstance(ma, str) and isinstance(mb, str) and ma and mb and ma == mb:
+        return "pass", "identical (MD5)", {"stat_max_rel_diff": 0.0, "stat_rel_diff_all": 0.0}
+    return _stats_verdict(ra, rb, th, stats_nonfinite(ra), stats_nonfinite(rb))
+
+
+def _stats_verdict(ra: Dict[str, Any], rb: Dict[str, Any], th: Thresholds, na: Optional[bool],
+                   nb: Optional[bool]) -> Tuple[str, str, Dict[str, Any]]:
+    """:func:`stats_verdict` with the rows' NaN/Inf flags already known."""
     out: Dict[str, Any] = {}
     ma, mb = ra.get("md5"), rb.get("md5")
     if isinstance(ma, str) and isinstance(mb, str) and ma and mb and ma == mb:
         return "pass", "identical (MD5)", {"stat_max_rel_diff": 0.0, "stat_rel_diff_all": 0.0}
-    na, nb = stats_nonfinite(ra), stats_nonfinite(rb)
     if na is not None and nb is not None and na != nb:
         return "diverged", "NaN/Inf in " + ("A only" if na else "B only"), out
     worst, worst_k, worst_all = 0.0, None, 0.0
@@ -181,10 +189,11 @@ def judge_pair(p: Pair, th: Thresholds) -> bool:
         return True
     if a.has_stats and b.has_stats:
         p.mode = "statistics"
-        v, why, extra = stats_verdict(a.row, b.row, th)
+        na, nb = stats_nonfinite(a.row), stats_nonfinite(b.row)     # once per pair (was twice)
+        v, why, extra = _stats_verdict(a.row, b.row, th, na, nb)
         p.metrics.update(extra)
         p.verdict, p.reason = v, why
-        p.identical = _stats_identical(a.row, b.row, extra, a.dtype, th) if p.same_dtype else None
+        p.identical = _stats_identical(a.row, b.row, extra, a.dtype, th, na, nb) if p.same_dtype else None
         _random(p)
         return False
     p.verdict, p.reason = "unmatched", "no data to compare on one side (tensor vs statistics)"
@@ -216,12 +225,11 @@ def _random(p: Pair) -> None:
         p.reason = "random operator: " + (p.reason or "")
 
 
-def _stats_identical(ra, rb, extra, dtype, th: Thresholds) -> bool:
+def _stats_identical(ra, rb, extra, dtype, th: Thresholds, na: Optional[bool], nb: Optional[bool]) -> bool:
     ma, mb = ra.get("md5"), rb.get("md5")
     if isinstance(ma, str) and isinstance(mb, str) and ma and mb:
         return ma == mb
     d = extra.get("stat_rel_diff_all", 0.0) or 0.0
-    na, nb = stats_nonfinite(ra), stats_nonfinite(rb)
     if na is not None and nb is not None and na != nb:
         return False
     return d <= same_dtype_tolerance(dtype, th)
