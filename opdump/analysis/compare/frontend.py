@@ -19,8 +19,13 @@ ways that compute nothing different:
   (eager's backward materialising a zero gradient, eager batch norm's empty reserve);
   graph inputs that are not parameters (``Parameter.inputsK``: the batch, which eager
   sees as the first operators' inputs) and lifted constants (``constants/…``: eager reads
-  them through ``lift_fresh``); and a twin's extra outputs. When they are left unpaired,
-  compare reports them as front-end (rule ``front-end``), not as unmatched operators.
+  them through ``lift_fresh``); a twin's extra outputs; a parameter or buffer only one
+  dump holds (graph mode dumps what the compiled graph reads, eager mode every parameter
+  and buffer of the root); and a sum that adds nothing -- an ``add`` whose output file
+  holds exactly the bytes of one of its inputs (AOTAutograd adding the zero tangent of a
+  returned output that the loss does not use: eager autograd never sums it). When they
+  are left unpaired, compare reports them as front-end (rule ``front-end``), not as
+  unmatched operators.
 
 Guarantees: an operator that computes something (``add``, ``arange``, ``where``…) is
 never front-end: left unpaired it stays unmatched; twins are equal only through this
@@ -28,10 +33,11 @@ table, never through a guess.
 """
 from __future__ import annotations
 
-import re
+import os
 from typing import Dict
 
-__all__ = ["RULE_FRONT_END", "canonical_type", "canonical_signature", "is_front_end", "TWINS", "FRONT_END_OPS"]
+__all__ = ["RULE_FRONT_END", "canonical_type", "canonical_signature", "is_front_end", "adds_nothing", "TWINS",
+           "FRONT_END_OPS"]
 
 RULE_FRONT_END = "front-end"
 
@@ -52,9 +58,6 @@ FRONT_END_OPS = frozenset({
     "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
     "zeros", "zeros_like", "new_zeros",
 })
-
-_GRAPH_INPUT = re.compile(r"^Parameter\.inputs\d+$")
-
 
 def canonical_type(op_type: str) -> str:
     """The name both front ends' forms of one computation share (lower case, no overload)."""
@@ -80,10 +83,36 @@ def is_front_end(tensor, call_paired: bool) -> bool:
     if tensor.kind == "constant":
         return True
     if tensor.kind != "op":
-        return bool(_GRAPH_INPUT.match(str(tensor.op)))
+        return True                 # a graph input, or a parameter/buffer only one front end dumps
     from ..common import base_op_type
     base = base_op_type(tensor.op_type)
     if base in FRONT_END_OPS or TWINS.get(base) in FRONT_END_OPS:
         return True
     cut = EXTRA_OUTPUTS.get(base)
     return call_paired and cut is not None and tensor.io == "output" and tensor.slot >= cut
+
+
+def _same_bytes(x: str, y: str) -> bool:
+    try:
+        if os.path.getsize(x) != os.path.getsize(y):
+            return False
+        with open(x, "rb") as fx, open(y, "rb") as fy:
+            while True:
+                bx, by = fx.read(1 << 20), fy.read(1 << 20)
+                if bx != by:
+                    return False
+                if not bx:
+                    return True
+    except OSError:
+        return False
+
+
+def adds_nothing(tensors) -> bool:
+    """Is this one-sided call an ``add`` whose output holds the very bytes of one of its
+    inputs (same dtype and shape: the files are equal), i.e. a sum with zero?"""
+    from ..common import base_op_type
+    if not tensors or base_op_type(tensors[0].op_type) not in ("add", "add_"):
+        return False
+    out = [t for t in tensors if t.io == "output" and t.slot == 0 and t.path]
+    ins = [t for t in tensors if t.io == "input" and t.path]
+    return bool(out) and any(_same_bytes(out[0].path, t.path) for t in ins)

@@ -45,7 +45,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..reader import sanitize
 from ..reader.statistics import STAT_COLUMNS as STAT_KEYS
-from .frontend import RULE_FRONT_END, canonical_signature, is_front_end
+from .frontend import RULE_FRONT_END, adds_nothing, canonical_signature, is_front_end
 from .mapping import split_tensor_ref
 from .pairs import RULE_MAPPING, RULE_NAME, RULE_ORDER, RULE_SIGNATURE, OpCall, Pair, Tensor
 
@@ -346,9 +346,15 @@ def mark_front_end(m: Matching) -> List[Pair]:
     out = []
     for side, idx in ((0, m.free_a()), (1, m.free_b())):
         tensors = m.A if side == 0 else m.B
+        calls: Dict[tuple, List[Tensor]] = {}
+        for i in idx:
+            if tensors[i].kind == "op" and tensors[i].call_key not in paired_calls[side]:
+                calls.setdefault(tensors[i].call_key, []).append(tensors[i])
+        no_op = {k for k, ts in calls.items() if adds_nothing(ts)}
         for i in idx:
             t = tensors[i]
-            rule = RULE_FRONT_END if is_front_end(t, t.call_key in paired_calls[side]) else ""
+            front = t.call_key in no_op or is_front_end(t, t.call_key in paired_calls[side])
+            rule = RULE_FRONT_END if front else ""
             out.append(Pair(t, None, rule) if side == 0 else Pair(None, t, rule))
     return out
 

@@ -9,6 +9,7 @@ lookup here degrades to "no root" instead of failing.
 from __future__ import annotations
 
 import re
+import sys
 from typing import Dict, Optional
 
 import torch
@@ -36,6 +37,27 @@ def _root_class() -> Optional[str]:
     return None
 
 
+def _caller_root() -> Optional[str]:
+    """The class of the innermost module whose method (outside torch) is running below the
+    frame being compiled: a function compiled on its own after a graph break (transformers'
+    ``loss_function`` called from ``GPT2LMHeadModel.forward``) runs inside that module's
+    forward, where eager mode scopes its operators."""
+    try:
+        import os
+        torch_dir = os.path.dirname(torch.__file__) + os.sep
+        frame = sys._getframe(1)
+        while frame is not None:
+            code = frame.f_code
+            if code.co_argcount and not code.co_filename.startswith((torch_dir, "<")):   # "<eval_with_key>": fx code
+                first = frame.f_locals.get(code.co_varnames[0])
+                if isinstance(first, torch.nn.Module) and not isinstance(first, torch.fx.GraphModule):
+                    return type(first).__name__
+            frame = frame.f_back
+    except Exception:  # noqa: BLE001 - best effort: the scope simply omits the root
+        return None
+    return None
+
+
 def frame_key() -> Optional[str]:
     """``file:function`` of the frame being compiled (a resume function maps to its origin)."""
     try:
@@ -48,7 +70,7 @@ def frame_key() -> Optional[str]:
 
 def root_class(key: Optional[str]) -> Optional[str]:
     """The root class for the frame ``key`` being compiled now (remembered for later graph breaks)."""
-    root = _root_class() or (key and _last_root.get(key))
+    root = _root_class() or (key and _last_root.get(key)) or _caller_root()
     if key and root:
         _last_root[key] = root
     return root or None
