@@ -1,4 +1,7 @@
-"""Graph mode: opdump as a ``torch.compile`` backend (README, "How it works")."""
-from .backend import backend
+"""Graph mode: opdump as a ``torch.compile`` backend (README, "How it works").
 
-__all__ = ["backend"]
+The entry point is :func:`opdump.capture.graph.backend.backend`.  This package's
+``__init__`` imports nothing, so the kernel-level dump (``capture/kernels``), which
+builds on the runtime, inputs and listing modules here, does not import the backend
+that dispatches to it.
+"""
