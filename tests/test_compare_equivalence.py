@@ -17,7 +17,7 @@ from opdump.config import DumpConfig, IterationSpec
 
 class Twice(nn.Module):
     """Two equal-signature ``mul`` calls in one scope, run in either order; ``inplace``
-    adds 1 in place or not; ``extra`` computes one more ``add`` (and allocates a zeros)."""
+    adds 1 in place or not; ``extra`` computes one more ``exp`` and adds a zeros to it."""
 
     def __init__(self, swap=False, inplace=False, extra=False):
         super().__init__()
@@ -35,7 +35,7 @@ class Twice(nn.Module):
         c = a - b
         c = c.add_(1.0) if self.inplace else c.add(1.0)
         if self.extra:
-            c = c + torch.zeros_like(c)
+            c = c.exp() + torch.zeros_like(c)
         return c.sum()
 
 
@@ -55,6 +55,37 @@ class BnNet(nn.Module):
         return (h + self.head(h)).pow(2).mean()
 
 
+def _loss(logits, y):
+    """A loss outside any module, with a graph break (as transformers' loss_function has)."""
+    torch._dynamo.graph_break()
+    return ((logits - y) ** 2).mean()
+
+
+class BreakNet(nn.Module):
+    """Its loss function is compiled as a frame of its own after a graph break."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return _loss(self.fc(x), x[:, :3])
+
+
+class TwoOut(nn.Module):
+    """Returns the loss and the logits (the loss alone is backpropagated: AOTAutograd adds
+    the logits' zero tangent to their gradient); holds a buffer the forward never reads."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+        self.register_buffer("unused", torch.ones(2))
+
+    def forward(self, x):
+        logits = self.fc(x)
+        return ((logits - x[:, :3]) ** 2).mean(), logits
+
+
 def _run(root, model, compiled=False):
     torch.manual_seed(0)
     cfg = DumpConfig(path=str(root), iteration=IterationSpec(ranges=((0, 0),)))
@@ -62,7 +93,8 @@ def _run(root, model, compiled=False):
     torch._dynamo.reset()
     with opdump.Session(cfg) as s, EagerCapture(s):
         m = torch.compile(model, backend=s.backend("inductor"), dynamic=False) if compiled else model
-        m(x).backward()
+        out = m(x)
+        (out[0] if isinstance(out, tuple) else out).backward()
     torch._dynamo.reset()
     return root
 
@@ -81,6 +113,10 @@ def dumps(tmp_path_factory):
     out["bn_eager"] = _run(root / "bn_eager", BnNet())
     torch.manual_seed(0)
     out["bn_graph"] = _run(root / "bn_graph", BnNet(), compiled=True)
+    for name, cls in (("break", BreakNet), ("two", TwoOut)):
+        for mode in ("eager", "graph"):
+            torch.manual_seed(0)
+            out[f"{name}_{mode}"] = _run(root / f"{name}_{mode}", cls(), compiled=mode == "graph")
     return out
 
 
@@ -121,11 +157,13 @@ def test_inplace_and_functional_twins_pair(dumps):
 
 
 def test_computing_operator_stays_unmatched_allocation_is_front_end(dumps):
-    """An extra ``add`` computes something: unmatched. The ``zeros_like`` feeding it only
-    allocates: front-end, listed apart."""
+    """An extra ``exp`` computes something: unmatched (with its backward ``mul``). The
+    ``zeros_like`` only allocates and adding it changes no bit: front-end, listed apart."""
     r = compare(dumps["extra"], dumps["plain"], progress=False, workers=1)
-    assert [o.rsplit("/", 1)[1].split("-")[0] for o in r.unmatched_a] == ["add"], r.unmatched_a
-    assert [o.rsplit("/", 1)[1].split("-")[0] for o in r.front_end_a] == ["zeros_like"], r.front_end_a
+    types = lambda ops: sorted(o.rsplit("/", 1)[1].split("-")[0] for o in ops)   # noqa: E731
+    assert types(r.unmatched_a) == ["exp", "mul"], r.unmatched_a
+    # (and the detach ops eager autograd adds to save exp's result)
+    assert set(types(r.front_end_a)) == {"add", "zeros_like", "detach"}, r.front_end_a
     assert "front-end operators" in r.summary()
     assert r.to_dict()["front_end_a"] == r.front_end_a
 
@@ -151,3 +189,26 @@ def test_eager_vs_graph_batch_norm_every_operator_matched(dumps):
     assert set(extra["io"]) == {"output"} and set(extra["slot"]) == {3, 4}    # the new running statistics
     sums = t[t["op"].fillna("").str.startswith("Gradients/") & (t["op_type"] == "add")]
     assert len(sums) and (sums["op"].str.rsplit("/", n=1).str[0] == sums["op_b"].str.rsplit("/", n=1).str[0]).all()
+
+
+def test_function_compiled_after_a_graph_break_keeps_the_module_scope(dumps):
+    """``_loss`` runs inside ``BreakNet.forward``: eager scopes its operators
+    ``Default/BreakNet/``; graph mode compiles it as a frame of its own (no module ``self``)
+    and must say the same, so the two dumps pair every operator."""
+    r = compare(dumps["break_eager"], dumps["break_graph"], progress=False, workers=1)
+    assert not r.unmatched_a and not r.unmatched_b, f"{r.unmatched_a}\n{r.unmatched_b}"
+    t = r.table
+    pow_ops = t[t["op_type"] == "pow"]
+    assert len(pow_ops) and pow_ops["op_b"].str.contains("Default/BreakNet/pow").all(), pow_ops["op_b"]
+    assert "diverged" not in r.counts and r.first_difference is None
+
+
+def test_zero_tangent_sum_and_unread_buffer_are_front_end(dumps):
+    """Graph mode sums the returned logits' zero tangent into their gradient (an ``add``
+    eager autograd never runs: its output is its input's bytes); eager dumps a buffer the
+    compiled graph never reads. Both are front-end, nothing is unmatched."""
+    r = compare(dumps["two_eager"], dumps["two_graph"], progress=False, workers=1)
+    assert not r.unmatched_a and not r.unmatched_b, f"{r.unmatched_a}\n{r.unmatched_b}"
+    assert "Parameter.unused" in r.front_end_a, r.front_end_a
+    assert any(o.startswith("Gradients/") and "/add-op" in o for o in r.front_end_b), r.front_end_b
+    assert "diverged" not in r.counts and r.first_difference is None

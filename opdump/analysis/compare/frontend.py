@@ -27,9 +27,9 @@ ways that compute nothing different:
   are left unpaired, compare reports them as front-end (rule ``front-end``), not as
   unmatched operators.
 
-Guarantees: an operator that computes something (``add``, ``arange``, ``where``…) is
-never front-end: left unpaired it stays unmatched; twins are equal only through this
-table, never through a guess.
+Guarantees: an operator that computes something (``arange``, ``where``, an ``add`` that
+changes a bit…) is never front-end: left unpaired it stays unmatched; twins are equal
+only through this table, never through a guess.
 """
 from __future__ import annotations
 
