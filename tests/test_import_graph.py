@@ -123,3 +123,14 @@ def test_data_flows_one_way(layer, forbidden):
     bad = sorted((m, t) for m, ts in graph.items() if m == layer or m.startswith(layer + ".")
                  for t in ts if any(t == f or t.startswith(f + ".") for f in forbidden))
     assert bad == [], f"{layer} must not import {forbidden}: {bad}"
+
+
+@pytest.mark.parametrize("name", ["compare", "locate", "watch"])
+def test_analysis_functions_named_like_their_modules(name):
+    """``from opdump.analysis import compare`` is the function even when the module
+    ``opdump.analysis.compare`` was imported first (a fresh interpreter, real imports)."""
+    import subprocess
+    import sys
+    code = (f"import opdump.analysis.{name}\nfrom opdump.analysis import {name}\n"
+            f"import types\nassert isinstance({name}, types.FunctionType), {name}\n")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
