@@ -38,17 +38,19 @@ def _root_class() -> Optional[str]:
 
 
 def _caller_root() -> Optional[str]:
-    """The class of the innermost module whose method (outside torch) is running below the
-    frame being compiled: a function compiled on its own after a graph break (transformers'
-    ``loss_function`` called from ``GPT2LMHeadModel.forward``) runs inside that module's
-    forward, where eager mode scopes its operators."""
+    """The class of the innermost module whose ``forward`` (outside torch) is running below
+    the frame being compiled: a function compiled on its own after a graph break
+    (transformers' ``loss_function`` called from ``GPT2LMHeadModel.forward``) runs inside
+    that forward, where eager mode scopes its operators (other methods add no scope in
+    eager either, so a ``training_step`` of a module is not taken)."""
     try:
         import os
         torch_dir = os.path.dirname(torch.__file__) + os.sep
         frame = sys._getframe(1)
         while frame is not None:
             code = frame.f_code
-            if code.co_argcount and not code.co_filename.startswith((torch_dir, "<")):   # "<eval_with_key>": fx code
+            if (code.co_argcount and re.sub(r"^torch_dynamo_resume_in_(.*)_at_\d+$", r"\1", code.co_name) == "forward"
+                    and not code.co_filename.startswith((torch_dir, "<"))):   # "<eval_with_key>": fx code
                 first = frame.f_locals.get(code.co_varnames[0])
                 if isinstance(first, torch.nn.Module) and not isinstance(first, torch.fx.GraphModule):
                     return type(first).__name__
