@@ -332,3 +332,37 @@ def test_header_index_equals_numpys_parser(tmp_path, dt):
     with open(tmp_path / "v2.npy", "wb") as f:          # version 2.0 header
         np.lib.format.write_array(f, np.arange(7, dtype=np.float32), version=(2, 0))
     assert M.npy_layout(str(tmp_path / "v2.npy"))[:3] == ((7,), np.dtype("float32"), 128)
+
+
+_RSS_CHILD = r"""
+import resource, sys, json
+import numpy as np
+from opdump.analysis import metrics as M
+a, b = sys.argv[1], sys.argv[2]
+np.save(a[:-4] + "_tiny.npy", np.zeros(8, np.float32))
+M.pair_metrics(a[:-4] + "_tiny.npy", a[:-4] + "_tiny.npy")        # buffers and imports in place
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+m = M.pair_metrics(a, b)
+same = M.pair_metrics(a, a)
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"grow_kib": after - before, "n": m["n"], "cos": m["cosine"], "same_n": same["n"]}))
+"""
+
+
+def test_memory_stays_bounded_on_a_large_pair(tmp_path):
+    """A 48 MB pair is streamed through fixed buffers: the process's peak RSS grows by a few
+    MB, not by the files (reading them whole, or touching a memory map of them, adds ~96 MB)."""
+    import json
+    import subprocess
+    import sys
+    n = 12 << 20                                   # 12 Mi float32 = 48 MiB per file
+    r = np.random.default_rng(3)
+    a = r.standard_normal(n, dtype=np.float32)
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", a * np.float32(1.0001))
+    del a
+    out = subprocess.run([sys.executable, "-c", _RSS_CHILD, str(tmp_path / "a.npy"), str(tmp_path / "b.npy")],
+                         capture_output=True, text=True, check=True)
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["n"] == n and res["same_n"] == n and res["cos"] > 0.999
+    assert res["grow_kib"] < 16 * 1024, res
