@@ -62,8 +62,10 @@ def _layouts(paths: List[str]) -> List[Any]:
     if len(paths) < 64:
         return [one(p) for p in paths]
     from concurrent.futures import ThreadPoolExecutor
+    step = 256                      # one task per 256 files (a future per file costs more than its header)
     with ThreadPoolExecutor(max_workers=4) as ex:
-        return list(ex.map(one, paths, chunksize=256))
+        parts = ex.map(lambda i: [one(p) for p in paths[i:i + step]], range(0, len(paths), step))
+        return [x for part in parts for x in part]
 
 
 def _tensors(dump: Dump, rank: Optional[int]) -> List[Tensor]:
