@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -46,7 +47,26 @@ def render(results: Dict[str, Any]) -> str:
                   bool(results.get("quick")), results.get("elapsed_s"))
 
 
+_BLOCK = re.compile(r"<!-- (?P<name>[\w.-]+): begin -->.*?<!-- (?P=name): end -->\n?", re.S)
+
+
+def keep_marked_blocks(old: str, new: str) -> str:
+    """``new`` plus every ``<!-- NAME: begin --> … <!-- NAME: end -->`` block of ``old``
+    that ``new`` lacks: sections other benchmarks maintain (``compare_bench.py --update``)
+    survive a full rewrite of the report."""
+    have = {m.group("name") for m in _BLOCK.finditer(new)}
+    kept = [m.group(0) for m in _BLOCK.finditer(old) if m.group("name") not in have]
+    if not kept:
+        return new
+    return new.rstrip("\n") + "\n\n" + "\n".join(b if b.endswith("\n") else b + "\n" for b in kept)
+
+
 def _write_whole(path: str, text: str) -> None:
+    try:
+        with open(path) as f:
+            text = keep_marked_blocks(f.read(), text)
+    except FileNotFoundError:
+        pass
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
         f.write(text)

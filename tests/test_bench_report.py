@@ -35,3 +35,16 @@ def test_the_report_stage_imports_neither_torch_nor_opdump():
             "import bench.run\nprint('torch' in sys.modules, 'opdump' in sys.modules)") % ROOT
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.stdout.split() == ["False", "False"], proc.stderr
+
+
+def test_a_full_rewrite_keeps_sections_other_benchmarks_maintain(tmp_path):
+    """bench/compare_bench.py --update owns a marked block of BENCHMARKS.md; run.py's
+    rewrite of the whole file keeps it (and replaces everything else)."""
+    out = tmp_path / "BENCHMARKS.md"
+    block = "<!-- compare_bench: begin -->\n## compare\n| a | 1 |\n<!-- compare_bench: end -->\n"
+    out.write_text("# stale report\n\n" + block + "\ntrailing stale text\n")
+    proc = _rebuild(out)
+    assert proc.returncode == 0, proc.stderr
+    text = out.read_text()
+    assert text.startswith("# opdump benchmarks") and "stale" not in text
+    assert text.count(block) == 1 and text.endswith(block)
