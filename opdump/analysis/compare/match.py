@@ -28,7 +28,7 @@ Tie-break among equal signatures: two calls of one scope with the same type and 
 signature (the weight-gradient and bias-gradient ``detach`` of a LayerNorm, accumulated in
 one order by eager autograd and in the other around a compiled backward) cannot be told
 apart by order. Where a scope holds several such calls, the aligned pairs of that signature
-are re-paired by value identity: a call of A whose output data (the last MiB of each output
+are re-paired by value identity: a call of A whose output data (the last 64 KiB of each output
 file, or its statistics row) is byte-identical to that of a call of B is paired with it, in
 order among equal fingerprints; the calls left over keep their aligned order. Values only
 break ties between calls the rules already consider interchangeable, so a real difference
@@ -184,11 +184,11 @@ def _calls(tensors: Sequence[Tensor], free: Iterable[int]) -> Dict[str, List[Tup
     return out
 
 
-_FINGERPRINT_BYTES = 1 << 20
+_FINGERPRINT_BYTES = 1 << 16
 
 
 def _fingerprint(c: OpCall) -> Optional[tuple]:
-    """What identifies a call's output values (None: unknown): the last MiB of each output
+    """What identifies a call's output values (None: unknown): the last 64 KiB of each output
     file (the data; same-dtype files of one shape have the same header), else its statistics."""
     outs = sorted((t for t in c.tensors if t.io == "output"), key=lambda t: t.slot) or list(c.tensors)
     parts = []
