@@ -24,10 +24,6 @@ def set_dump(module: torch.nn.Module, enabled: bool = True) -> None:
     weakref.finalize(module, _marks.pop, key, None)
 
 
-def dump_marks() -> Dict[int, bool]:
-    return dict(_marks)
-
-
 def marked(module_ids: Iterable[str]) -> Optional[bool]:
     """The innermost mark among ``module_ids`` (outermost first), or None."""
     result = None

@@ -86,11 +86,6 @@ def format_int(value) -> str:
     return str(int(value))
 
 
-def format_element(value, dtype: torch.dtype) -> str:
-    """A value that is an element of a tensor of ``dtype`` (max, min, finite max/min)."""
-    return cell_formatter("element", dtype)(value)
-
-
 def format_computed(value) -> str:
     """A computed float64 value (avg, l2norm)."""
     if value is None:
