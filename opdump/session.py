@@ -35,6 +35,7 @@ import torch
 
 from . import active
 from .config import ConfigError, DumpConfig, load_config
+from .debug.sample import manifest_fields as sample_fields
 from .recorder import Recorder
 from .select import OpSelector
 from .stats.engine import host_categories
@@ -151,9 +152,6 @@ class Session:
             raise ConfigError("common_dump_settings.op_debug_mode", config.op_debug_mode,
                               "overflow (3) and exception (4) dumps are not implemented in this version; use 0",
                               config.source_file)
-        if config.sample_mode:
-            raise ConfigError("e2e_dump_settings.sample_mode", config.sample_mode,
-                              "sample dump is not implemented in this version; use 0", config.source_file)
         if config.file_format != "npy":
             raise ConfigError("common_dump_settings.file_format", config.file_format,
                               "only \"npy\" is implemented in this version", config.source_file)
@@ -411,6 +409,7 @@ class Session:
             "files_written": tree.files_written, "bytes_written": tree.bytes_written,
             "rows_written": tree.rows_written,
             "errors": [str(e)[:300] for e in errors[:5]], "error_count": len(errors),
+            **sample_fields(self.config),
         }
         try:
             manifest.write(doc)
@@ -440,5 +439,6 @@ def _config_as_json(cfg: DumpConfig) -> dict:
         },
         "e2e_dump_settings": {"enable": cfg.enable, "trans_flag": cfg.trans_flag,
                               "stat_calc_mode": cfg.stat_calc_mode,
+                              "sample_mode": cfg.sample_mode, "sample_num": cfg.sample_num,
                               "save_kernel_args": cfg.save_kernel_args},
     }

@@ -79,7 +79,7 @@ def test_all_fields_set(tmp_path):
     assert cfg.support_device == (3, 4095) and cfg.statistic_category == ("md5", "finite max", "avg")
     assert (cfg.enable, cfg.trans_flag, cfg.stat_calc_mode, cfg.device_stat_precision_mode) == (False, False, "device", "low")
     assert (cfg.sample_mode, cfg.save_kernel_args) == (1, True)
-    assert not hasattr(cfg, "sample_num") and not hasattr(cfg, "overflow_number")   # checked, not kept
+    assert (cfg.sample_num, cfg.overflow_number) == (7, 5)
     assert (cfg.writer_queue_mb, cfg.writer_threads, cfg.eager_capture, cfg.net_name) == (1, 16, "all", "my.net-1")
 
 
@@ -91,7 +91,7 @@ GOOD = [
     (C, "support_device", [], ()), (C, "support_device", [0], (0,)),
     (C, "statistic_category", list(ALL_STATISTICS), ALL_STATISTICS),
     (C, "statistic_category", ["finite min"], ("finite min",)),
-    (C, "overflow_number", 0, None), (C, "overflow_number", 10**6, None),
+    (C, "overflow_number", 0, 0), (C, "overflow_number", 10**6, 10**6),
     (C, "file_format", "bin", "bin"),
     (C, "kernels", [], ()), (C, "kernels", ["Default/AlexNet/conv3-Conv2d/convolution-op12"],
                              ("Default/AlexNet/conv3-Conv2d/convolution-op12",)),
@@ -99,7 +99,7 @@ GOOD = [
     (C, "iteration", "8 | 9", IterationSpec(ranges=((8, 9),))),
     (E, "enable", False, False), (E, "trans_flag", False, False), (E, "save_kernel_args", True, True),
     (E, "stat_calc_mode", "device", "device"), (E, "device_stat_precision_mode", "low", "low"),
-    (E, "sample_mode", 1, 1), (E, "sample_num", 1, None),
+    (E, "sample_mode", 1, 1), (E, "sample_num", 1, 1),
     (O, "writer_queue_mb", 4096, 4096), (O, "writer_threads", 1, 1), (O, "eager_capture", "model", "model"),
 ]
 

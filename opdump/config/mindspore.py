@@ -53,7 +53,7 @@ COMMON_FIELDS = {
     "kernels": v.Field(v.kernel_list),
     "support_device": v.Field(v.device_list),
     "statistic_category": v.Field(v.statistic_list),
-    "overflow_number": v.Field(v.integer(lo=0), v.CHECK_ONLY),      # op_debug_mode 3 is refused
+    "overflow_number": v.Field(v.integer(lo=0)),                    # used by op_debug_mode 3
     "file_format": v.Field(v.choice("npy", "bin")),
 }
 
@@ -63,7 +63,7 @@ E2E_FIELDS = {
     "stat_calc_mode": v.Field(v.choice("host", "device")),
     "device_stat_precision_mode": v.Field(v.choice("high", "low")),
     "sample_mode": v.Field(v.integer(choices=(0, 1))),
-    "sample_num": v.Field(v.integer(lo=1), v.CHECK_ONLY),           # sample_mode 1 is refused
+    "sample_num": v.Field(v.integer(lo=1)),                         # used by sample_mode 1
     "save_kernel_args": v.Field(v.boolean),
 }
 

@@ -46,6 +46,7 @@ class DumpConfig:
     net_name: str = "Net"
     iteration: IterationSpec = IterationSpec(all=True)
     op_debug_mode: int = 0                      # 0 normal, 3 overflow, 4 exception
+    overflow_number: int = 0                    # op_debug_mode 3: overflowing operators dumped (0: all)
     dump_mode: int = 0                          # 0 all, 1 kernels, 2 set_dump
     saved_data: str = "tensor"                  # tensor | statistic | full
     input_output: int = 0                       # 0 both, 1 inputs, 2 outputs
@@ -59,6 +60,7 @@ class DumpConfig:
     stat_calc_mode: str = "host"                # host | device
     device_stat_precision_mode: str = "high"    # high | low
     sample_mode: int = 0
+    sample_num: int = 100                       # sample_mode 1: elements saved per tensor file
     save_kernel_args: bool = False
     # -- opdump_settings (opdump's own extensions; all optional)
     writer_queue_mb: int = 256                  # bound of bytes waiting to be written

@@ -14,6 +14,7 @@ from typing import Any, Tuple
 
 import torch
 
+from ..debug.sample import take
 from ..write.buffers import HostBuffers, HostCopy
 
 
@@ -34,8 +35,9 @@ class Clock:
         return now
 
 
-def copy_out(t: torch.Tensor, trans_flag: bool, buffers: HostBuffers) -> Tuple[HostCopy, Any, str]:
-    """An exact, contiguous host copy of ``t`` (plus a CUDA event to wait on, and the format)."""
+def copy_out(t: torch.Tensor, trans_flag: bool, buffers: HostBuffers, sample: int = 0) -> Tuple[HostCopy, Any, str]:
+    """An exact, contiguous host copy of ``t`` (plus a CUDA event to wait on, and the format);
+    ``sample`` > 0: of its first ``sample`` elements only, flattened (:mod:`opdump.debug.sample`)."""
     fmt = "DefaultFormat"
     t = t.detach()
     if (not trans_flag and t.dim() == 4 and not t.is_contiguous()
@@ -46,6 +48,8 @@ def copy_out(t: torch.Tensor, trans_flag: bool, buffers: HostBuffers) -> Tuple[H
         t = t.resolve_conj()
     if t.is_neg():
         t = t.resolve_neg()
+    if sample:
+        t = take(t, sample)
     if t.device.type == "cpu":
         return buffers.copy_of(t), None, fmt
     buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=torch.cuda.is_available())

@@ -25,6 +25,7 @@ from ..write.dtypes import to_numpy
 from ..write.statistic_csv import StatisticCsv
 from ..stats import StatsEngine
 from ..stats.device import tensor_version
+from ..debug.sample import sample_size, take_array
 from .copies import Clock, Seen, copy_out, stream_id_of
 from .rows import ROW_BYTES, encode_batch, shape_text
 
@@ -48,6 +49,8 @@ class Recorder:
         self._kernel_args_done: set = set()
         self._lock = threading.RLock()
         self._warned: set = set()
+        #: sample dump: elements kept per tensor file (0: whole tensors)
+        self.sample = sample_size(cfg)
         self.tensors_recorded = 0      # tensors recorded (the bench reports it per step)
         # statistics computed on the device only: no host copy, no file (the fast path of record_all);
         # it launches them without the engine's lock: every call into the engine holds self._lock
@@ -152,21 +155,27 @@ class Recorder:
         nbytes = tensor.numel() * tensor.element_size()
         want_file = cfg.dump_tensors and files
         stats = self.stats
-        need_copy = want_file or (stats is not None and stats.needs_host_copy)
+        host_needed = stats is not None and stats.needs_host_copy
+        need_copy = want_file or host_needed
+        # sample dump: host statistics need the whole tensor on the host (the file is cut at write
+        # time); otherwise only the sample is copied
+        sample_copy = self.sample if self.sample and not host_needed else 0
+        cut = self.sample if self.sample and host_needed else 0
+        copy_bytes = min(nbytes, sample_copy * tensor.element_size()) if sample_copy else nbytes
         # statistics alone: the device batch itself recognises a tensor it has seen
         seen = self._seen_entry(tensor) if need_copy else None
         host_future = None
         if need_copy:
             copy = seen.copy() if seen is not None and seen.copy is not None else None
-            self.writer.reserve(nbytes)
+            self.writer.reserve(copy_bytes)
             buf_new = copy is None or not copy.acquire()
             if not buf_new:              # the same tensor again (an op's input = an earlier op's output)
                 event, fmt = seen.event, seen.fmt
             else:
                 try:
-                    copy, event, fmt = copy_out(tensor, cfg.trans_flag, self.buffers)
+                    copy, event, fmt = copy_out(tensor, cfg.trans_flag, self.buffers, sample_copy)
                 except BaseException:
-                    self.writer.release(nbytes)
+                    self.writer.release(copy_bytes)
                     raise
             if want_file:
                 if parameter:
@@ -178,7 +187,7 @@ class Recorder:
             # host statistics come from the very copy the file is written from
             host_stats = buf_new or seen is None or seen.host_future is None
             future = self.writer.submit(
-                lambda: self._write_job(folder, name, copy, event, host_stats), nbytes, reserved=True)
+                lambda: self._write_job(folder, name, copy, event, host_stats, cut), copy_bytes, reserved=True)
             host_future = future if host_stats else seen.host_future
             if seen is None:
                 seen = self._remember(tensor)
@@ -251,7 +260,10 @@ class Recorder:
         return entry
 
     def _write_job(self, folder: str, name: Optional[str], copy: HostCopy, event,
-                   host_stats: bool = True) -> Optional[Dict[str, str]]:
+                   host_stats: bool = True, cut: int = 0) -> Optional[Dict[str, str]]:
+        """Write one tensor file and/or compute its host statistics from ``copy``;
+        ``cut`` > 0: the file holds only its first ``cut`` elements (sample dump, statistics
+        still on the whole copy)."""
         try:
             buf = copy.tensor
             if event is not None:
@@ -259,6 +271,8 @@ class Recorder:
             if name is not None:
                 path = self.session.layout.place(folder, name)
                 array = to_numpy(buf)
+                if cut:
+                    array = take_array(array, cut)
                 self.session.layout.save_npy(path, array)      # never through a link (safe_fs)
                 self.writer.count(array.nbytes)
                 del array

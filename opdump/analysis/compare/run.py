@@ -161,6 +161,21 @@ class _Sources:
         return src
 
 
+def _check_samples(da: Dump, ra: int, db: Dump, rb: int) -> None:
+    """Sample dumps (README, "Debug dumps") compare only with sample dumps of the same size:
+    a sample against a whole tensor, or two sample sizes, would be reported as a shape
+    difference on every tensor."""
+    sa = da.ranks[ra].sample_num if ra in da.ranks else None
+    sb = db.ranks[rb].sample_num if rb in db.ranks else None
+    if sa == sb:
+        return
+    def what(n: Optional[int]) -> str:
+        return f"sampled (first {n} elements of each tensor)" if n else "whole tensors"
+    raise CompareError(f"A holds {what(sa)} but B holds {what(sb)}: tensor files are not comparable; "
+                       "dump both with the same e2e_dump_settings.sample_mode/sample_num "
+                       "(or compare statistics with saved_data \"statistic\")")
+
+
 def _open(x: Union[str, os.PathLike, Dump]) -> Dump:
     return x if isinstance(x, Dump) else open_dump(x)
 
@@ -196,6 +211,7 @@ def compare(a: Union[str, os.PathLike, Dump], b: Union[str, os.PathLike, Dump], 
     all_it_pairs: List[Tuple[int, int]] = []
     seen_a = seen_b = False
     for ra, rb in rank_pairs:
+        _check_samples(da, ra, db, rb)
         ta = _tensors(da, ra) if ra in da.ranks else []
         tb = _tensors(db, rb) if rb in db.ranks else []
         seen_a, seen_b = seen_a or bool(ta), seen_b or bool(tb)

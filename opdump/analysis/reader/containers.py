@@ -70,3 +70,19 @@ class Rank:
             return None
         v = self.manifest.get("complete")
         return bool(v) if v is not None else None
+
+    @property
+    def sample_num(self) -> Optional[int]:
+        """Sample dump: tensor files hold only their first ``sample_num`` elements, flattened
+        (README, "Debug dumps"); None when they hold whole tensors.  From ``manifest.json``
+        (opdump) or the copied ``data_dump.json``'s ``e2e_dump_settings`` (MindSpore)."""
+        if self.manifest is not None and "sample_num" in self.manifest:
+            v = self.manifest.get("sample_num")
+            return int(v) if v else None
+        e2e = self.data_dump.get("e2e_dump_settings") if isinstance(self.data_dump, dict) else None
+        if isinstance(e2e, dict) and e2e.get("sample_mode") == 1:
+            try:
+                return int(e2e.get("sample_num", 100))
+            except (TypeError, ValueError):
+                return 100
+        return None

@@ -52,6 +52,13 @@ class Dump:
         return sorted(s)
 
     @property
+    def sample_num(self) -> Optional[int]:
+        """Sample dump: the elements each tensor file holds (its first ones, flattened), or
+        None when files hold whole tensors (:attr:`Rank.sample_num`; the largest over ranks)."""
+        values = [r.sample_num for r in self.ranks.values() if r.sample_num]
+        return max(values) if values else None
+
+    @property
     def graph_ids(self) -> List[int]:
         s = set()
         for r in self.ranks.values():
