@@ -10,11 +10,12 @@ from typing import Any, Iterator, Mapping, Optional
 
 import numpy as np
 
-from .reader import is_complex_dtype, is_float_dtype, load_array, npy_header
+from .reader import is_complex_dtype, is_float_dtype, npy_header
 
 __all__ = [
     "EMPTY_OPS", "OVERWRITE_OPS", "RANDOM_OPS", "base_op_type", "is_garbage", "is_random_op",
     "iter_chunks", "array_nonfinite", "stats_nonfinite", "is_float_row", "CHUNK_ELEMS",
+    "load_checked_array", "read_error", "stat_errors_of", "nothing_to_analyse",
 ]
 
 #: operators whose outputs are uninitialised memory
@@ -98,10 +99,41 @@ def _as_real(a: np.ndarray) -> np.ndarray:
     return a
 
 
+def load_checked_array(path: str) -> np.ndarray:
+    """The array of a ``.npy`` file whose header was checked against the file's size before
+    anything is read or allocated (:func:`opdump.analysis.metrics.load_checked`): a truncated
+    or lying file raises ValueError with the reason instead of asking for terabytes."""
+    from .metrics import load_checked      # metrics imports this module
+    return load_checked(path)
+
+
+def read_error(exc: BaseException) -> str:
+    """The reason a file could not be read, in one line."""
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else "") or type(exc).__name__
+
+
+def stat_errors_of(row: Mapping[str, Any]) -> Optional[str]:
+    """The malformed-cell report of a statistics row (``stat_errors``, set by
+    :func:`opdump.analysis.reader.statistics.read_statistic_csv`), or None when it has none."""
+    v = row.get("stat_errors")
+    return v if isinstance(v, str) and v else None
+
+
+def nothing_to_analyse(dump: Any, what: str) -> str:
+    """The one line saying there was nothing to analyse, and where it looked."""
+    ranks = list(getattr(dump, "ranks", {}) or {})
+    where = [str(getattr(r, "path", "")) for r in (dump.ranks.values() if ranks else [])]
+    looked = ", ".join(where[:4]) + (f" (+{len(where) - 4} more)" if len(where) > 4 else "") if where \
+        else str(getattr(dump, "path", "?"))
+    return f"nothing to analyse: no {what} in {looked}"
+
+
 def array_nonfinite(path_or_array, chunk: int = CHUNK_ELEMS) -> Optional[dict]:
     """Counts of NaN / +Inf / -Inf in a floating array (chunked), and its shape as
-    ``statistic.csv`` writes it; None for non-float data."""
-    a = load_array(path_or_array) if isinstance(path_or_array, str) else path_or_array
+    ``statistic.csv`` writes it; None for non-float data.  A path is read through
+    :func:`load_checked_array` (ValueError/OSError when the file cannot be read)."""
+    a = load_checked_array(path_or_array) if isinstance(path_or_array, str) else path_or_array
     if not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.complexfloating)):
         return None
     shape = a.shape
@@ -156,15 +188,20 @@ def stats_nonfinite(row: Mapping[str, Any]) -> Optional[bool]:
     return None
 
 
-def is_float_row(dtype: Any, path: Any = None) -> bool:
-    """Floating (or complex) data? From the dtype name, else from the ``.npy`` header."""
+def is_float_row(dtype: Any, path: Any = None, unreadable: Optional[list] = None) -> bool:
+    """Floating (or complex) data? From the dtype name, else from the ``.npy`` header.
+
+    A header that cannot be read gives False; with ``unreadable`` (a list) the file is
+    appended to it as ``(path, reason)`` so that it is reported, not silently dropped."""
     if isinstance(dtype, str) and dtype:
         return is_float_dtype(dtype) or is_complex_dtype(dtype)
     if isinstance(path, str):
         try:
             dt = npy_header(path)[1]
             return np.issubdtype(dt, np.floating) or np.issubdtype(dt, np.complexfloating)
-        except (OSError, ValueError):
+        except Exception as e:  # noqa: BLE001 - any unreadable header is reported, never raised
+            if unreadable is not None:
+                unreadable.append((path, f"not a readable .npy header ({read_error(e)})"))
             return False
     return False
 

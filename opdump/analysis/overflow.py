@@ -30,13 +30,21 @@ Undefined values are ignored (see :mod:`.common`): outputs of ``empty``/
 ``empty_like``/``empty_strided``/``new_empty`` and the destination input of
 wholesale-overwrite operators (``fill_``, ``zero_``, ``copy_``, ``uniform_``,
 ``normal_`` …).
+
+**Bad input.**  A tensor file that cannot be read (truncated, garbage, a header
+describing more bytes than the file holds: checked before anything is allocated) and
+a statistics row with malformed cells are listed in :attr:`OverflowReport.unreadable`
+as ``(path, reason)``; the rest is analysed.  Such a tensor's finiteness is unknown
+(counted in ``unknown_tensors``), never "finite" and never "NaN".  When no floating
+tensor is left to scan, :attr:`OverflowReport.nothing` says so (the CLI exits 2).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from .common import array_nonfinite, is_float_row, is_garbage, stats_nonfinite, progress_bar
+from .common import (array_nonfinite, is_float_row, is_garbage, nothing_to_analyse, read_error, stat_errors_of,
+                     stats_nonfinite, progress_bar)
 from .reader import Dump
 
 __all__ = ["OverflowEvent", "OverflowReport", "find_overflow"]
@@ -103,6 +111,10 @@ class OverflowReport:
     scanned_tensors: int = 0
     unknown_tensors: int = 0           # finiteness could not be told (no stats, no data)
     method: str = ""                   # statistics | tensors | statistics+tensors
+    #: files that could not be read, and statistics rows with malformed cells: (path, reason)
+    unreadable: List[Tuple[str, str]] = field(default_factory=list)
+    #: set when there was nothing to analyse: the one line saying so (and where it looked)
+    nothing: Optional[str] = None
 
     @property
     def found(self) -> bool:
@@ -117,10 +129,13 @@ def _count(row: Dict[str, Any], key: str) -> Optional[int]:
         return None
 
 
-def _state(row: Dict[str, Any], use_tensors: bool) -> TensorState:
+def _state(row: Dict[str, Any], use_tensors: bool, unreadable: List[Tuple[str, str]]) -> TensorState:
     st = TensorState(row["io"], int(row["slot"]), row.get("dtype"), None, path=row.get("path"))
     shape = row.get("shape")
-    if row.get("stat_row") is True:
+    bad_stats = stat_errors_of(row)
+    if bad_stats is not None:
+        unreadable.append((bad_stats.split(": line ", 1)[0], bad_stats))
+    if row.get("stat_row") is True and bad_stats is None:
         nf = stats_nonfinite(row)
         if nf is not None:
             st.nonfinite, st.source = nf, "statistics"
@@ -138,8 +153,9 @@ def _state(row: Dict[str, Any], use_tensors: bool) -> TensorState:
     if use_tensors and isinstance(p, str):
         try:
             c = array_nonfinite(p)
-        except (OSError, ValueError):
-            c = None
+        except Exception as e:  # noqa: BLE001 - one bad file is reported, the rest analysed
+            unreadable.append((p, read_error(e)))
+            return st                       # finiteness unknown
         st.source = "tensor"
         if c is not None:
             st.nonfinite = (c["nan"] + c["pos_inf"] + c["neg_inf"]) > 0
@@ -168,6 +184,7 @@ def find_overflow(dump: Dump, rank: Optional[int] = None, iterations: Optional[I
     rec = dump.records()
     report = OverflowReport(None)
     if rec.empty:
+        report.nothing = nothing_to_analyse(dump, "tensor files or statistics rows")
         return report
     if rank is not None:
         rec = rec[rec["rank"] == rank]
@@ -176,10 +193,10 @@ def find_overflow(dump: Dump, rank: Optional[int] = None, iterations: Optional[I
         rec = rec[rec["iteration"].isin(its)]
     rec = rec[rec["iteration"].notna()]
     # only floating tensors, no garbage
-    is_float = [is_float_row(d, p) for d, p in zip(rec["dtype"], rec["path"])]
-    rec = rec[is_float]
-    keep = [not is_garbage(t, io, s) for t, io, s in zip(rec["op_type"], rec["io"], rec["slot"])]
-    rec = rec[keep]
+    if not rec.empty:      # (a boolean list selects nothing from an empty frame: pandas raises)
+        rec = rec[[is_float_row(d, p, report.unreadable) for d, p in zip(rec["dtype"], rec["path"])]]
+    if not rec.empty:
+        rec = rec[[not is_garbage(t, io, s) for t, io, s in zip(rec["op_type"], rec["io"], rec["slot"])]]
     methods = set()
     bar = progress_bar(progress, len(rec), "overflow scan", "tensor")
     records = rec.to_dict("records")
@@ -204,7 +221,7 @@ def find_overflow(dump: Dump, rank: Optional[int] = None, iterations: Optional[I
             i = j
             if origin is not None and len(affected) >= max_affected:
                 break
-            states = [_state(r, use_tensors) for r in group]
+            states = [_state(r, use_tensors, report.unreadable) for r in group]
             if bar is not None:
                 bar.update(len(group))
             report.scanned_tensors += len(states)
@@ -250,6 +267,11 @@ def find_overflow(dump: Dump, rank: Optional[int] = None, iterations: Optional[I
             first_events.append((origin.iteration, rk, origin, affected))
     if bar is not None:
         bar.close()
+    if report.scanned_tensors == 0 and not report.unreadable:
+        sel = [f"rank {rank}"] if rank is not None else []
+        sel += [f"iterations {sorted(set(int(i) for i in iterations))}"] if iterations is not None else []
+        report.nothing = nothing_to_analyse(dump, "floating tensors" + (f" ({', '.join(sel)})" if sel else ""))
+    report.unreadable = list(dict.fromkeys(report.unreadable))
     report.method = "+".join(sorted(methods)) if methods else ""
     if first_events:
         first_events.sort(key=lambda t: (t[0], t[1]))

@@ -28,6 +28,13 @@ optimizer state) by default, every other condition watches every tensor
 ``Parameter.inputsN`` files, are left out of the default).  Undefined values
 (``empty*`` outputs, destinations of ``fill_``/``copy_``/…, see :mod:`.common`) are never
 watched.
+
+**Bad input.**  :func:`watch` returns a :class:`WatchResult` (a list of hits) that also
+lists, in ``unreadable``, each tensor file that could not be read (truncated, garbage, a
+header describing more bytes than the file holds: checked before anything is allocated)
+and each statistics row with malformed cells, as ``(path, reason)``; the rest is
+analysed.  ``checked`` counts the tensors evaluated; ``nothing`` is set (one line saying
+where it looked) when there was nothing to watch, which the CLI reports as an error.
 """
 from __future__ import annotations
 
@@ -38,10 +45,11 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .common import is_float_row, is_garbage, iter_chunks, progress_bar
-from .reader import Dump, load_array
+from .common import (is_float_row, is_garbage, iter_chunks, load_checked_array, nothing_to_analyse, progress_bar,
+                     read_error, stat_errors_of)
+from .reader import Dump
 
-__all__ = ["Condition", "WatchHit", "watch", "CONDITIONS"]
+__all__ = ["Condition", "WatchHit", "WatchResult", "watch", "CONDITIONS"]
 
 CONDITIONS: Dict[str, Dict[str, Any]] = {
     "nan": {"params": {}, "default": {}},
@@ -145,8 +153,31 @@ class WatchHit:
         return dict(self.__dict__)
 
 
+class WatchResult(list):
+    """The hits (a list of :class:`WatchHit`, in execution order), with what could not be
+    read (``unreadable``: ``(path, reason)``), how many tensors were evaluated
+    (``checked``) and, when there was nothing to watch, ``nothing``: the line saying so."""
+
+    def __init__(self, hits: Iterable["WatchHit"] = ()):
+        super().__init__(hits)
+        self.unreadable: List[Tuple[str, str]] = []
+        self.checked = 0
+        self.nothing: Optional[str] = None
+
+
+class _Unreadable(Exception):
+    """A tensor file that cannot be read: (path, reason)."""
+
+
+def _load(path: str) -> np.ndarray:
+    try:
+        return load_checked_array(path)
+    except Exception as e:  # noqa: BLE001 - reported by path, the rest analysed
+        raise _Unreadable(path, read_error(e)) from None
+
+
 def _data_stats(path: str, need_range: Optional[Tuple[float, float]]) -> Dict[str, float]:
-    a = load_array(path)
+    a = _load(path)
     if np.iscomplexobj(a):
         a = np.abs(a)
     n = nan = pinf = ninf = zeros = inr = 0
@@ -207,7 +238,7 @@ def _row_values(row: Dict[str, Any], conds: Sequence[Condition]) -> Optional[Dic
             need |= {"range_count", "count"}
             rng = (c.p.get("range_start", -math.inf), c.p.get("range_end", math.inf))
     vals: Dict[str, float] = {}
-    if row.get("stat_row") is True:
+    if row.get("stat_row") is True and stat_errors_of(row) is None:
         m = {"max": row.get("finite_max") if _num(row.get("finite_max")) is not None else row.get("max"),
              "min": row.get("finite_min") if _num(row.get("finite_min")) is not None else row.get("min"),
              "mean": row.get("avg"), "count": row.get("count"), "zero_count": row.get("zero_count"),
@@ -229,10 +260,7 @@ def _row_values(row: Dict[str, Any], conds: Sequence[Condition]) -> Optional[Dic
     if need - set(vals):
         p = row.get("path")
         if isinstance(p, str):
-            try:
-                vals.update(_data_stats(p, rng))
-            except (OSError, ValueError):
-                return vals or None
+            vals.update(_data_stats(p, rng))      # _Unreadable: reported by watch()
         elif not vals:
             return None
     return vals
@@ -298,7 +326,7 @@ def _change(c: Condition, prev: Dict[str, Any], cur: Dict[str, Any]) -> Optional
                 and prev.get("md5") == cur.get("md5"):
             return ("md5", None, prev["md5"], "MD5 unchanged")
         return None
-    a, b = load_array(pa), load_array(pb)
+    a, b = _load(pa), _load(pb)
     if a.size != b.size:
         return None
     p = c.p
@@ -333,7 +361,7 @@ def _change(c: Condition, prev: Dict[str, Any], cur: Dict[str, Any]) -> Optional
 
 def watch(dump: Dump, conditions: Iterable[Union[Condition, str]], *, rank: Optional[int] = None,
           iterations: Optional[Iterable[int]] = None, op: Optional[str] = None, io: Optional[str] = None,
-          target: Optional[str] = None, progress: bool = True, limit: Optional[int] = None) -> List[WatchHit]:
+          target: Optional[str] = None, progress: bool = True, limit: Optional[int] = None) -> WatchResult:
     """Evaluate ``conditions`` over ``dump``; the hits in execution order.
 
     ``op``: a regular expression searched in the operator (or parameter) name;
@@ -343,8 +371,9 @@ def watch(dump: Dump, conditions: Iterable[Union[Condition, str]], *, rank: Opti
     if not conds:
         raise ValueError("watch: no condition given")
     rec = dump.records()
-    hits: List[WatchHit] = []
+    hits = WatchResult()
     if rec.empty:
+        hits.nothing = nothing_to_analyse(dump, "tensor files or statistics rows")
         return hits
     if rank is not None:
         rec = rec[rec["rank"] == rank]
@@ -354,9 +383,11 @@ def watch(dump: Dump, conditions: Iterable[Union[Condition, str]], *, rank: Opti
         rec = rec[rec["io"] == io]
     if op:
         rx = re.compile(op)
-        rec = rec[[bool(rx.search(str(n))) for n in rec["op"]]]
-    rec = rec[[is_float_row(d, p) for d, p in zip(rec["dtype"], rec["path"])]]
-    rec = rec[[not is_garbage(t, i, s) for t, i, s in zip(rec["op_type"], rec["io"], rec["slot"])]]
+        rec = rec[[bool(rx.search(str(n))) for n in rec["op"]]] if not rec.empty else rec
+    if not rec.empty:      # (a boolean list selects nothing from an empty frame: pandas raises)
+        rec = rec[[is_float_row(d, p, hits.unreadable) for d, p in zip(rec["dtype"], rec["path"])]]
+    if not rec.empty:
+        rec = rec[[not is_garbage(t, i, s) for t, i, s in zip(rec["op_type"], rec["io"], rec["slot"])]]
     rows = rec.to_dict("records")
     for r in rows:
         it = r["iteration"]
@@ -391,9 +422,17 @@ def watch(dump: Dump, conditions: Iterable[Union[Condition, str]], *, rank: Opti
             bar.update(1)
         if limit is not None and len(hits) >= limit:
             break
+        bad = stat_errors_of(r)
+        if bad is not None:
+            hits.unreadable.append((bad.split(": line ", 1)[0], bad))
         cs = [c for c in plain if targeted(c, r)]
         if cs:
-            vals = _row_values(r, cs)
+            hits.checked += 1
+            try:
+                vals = _row_values(r, cs)
+            except _Unreadable as e:
+                hits.unreadable.append(e.args)
+                vals = None
             if vals is not None:
                 for c in cs:
                     res = _eval(c, vals)
@@ -402,13 +441,28 @@ def watch(dump: Dump, conditions: Iterable[Union[Condition, str]], *, rank: Opti
         if change:
             key = (r["rank"], r["graph"], r["op"], r["io"], r["slot"], r["call"])
             prev = prev_of.get(key)
+            if not cs and any(targeted(c, r) for c in change):
+                hits.checked += 1
             if prev is not None and prev["iteration"] != r["iteration"]:
                 for c in change:
                     if targeted(c, r):
-                        res = _change(c, prev, r)
+                        try:
+                            res = _change(c, prev, r)
+                        except _Unreadable as e:
+                            hits.unreadable.append(e.args)
+                            res = None
                         if res is not None:
                             hits.append(mk(c, r, res, prev["iteration"]))
             prev_of[key] = r
     if bar is not None:
         bar.close()
-    return hits[:limit] if limit is not None else hits
+    hits.unreadable = list(dict.fromkeys(tuple(u) for u in hits.unreadable))
+    if not rows:
+        sel = [f"rank {rank}"] if rank is not None else []
+        sel += [f"iterations {sorted(set(int(i) for i in iterations))}"] if iterations is not None else []
+        sel += [f"--io {io}"] if io else []
+        sel += [f"--op {op!r}"] if op else []
+        hits.nothing = nothing_to_analyse(dump, "floating tensors" + (f" ({', '.join(sel)})" if sel else ""))
+    if limit is not None and len(hits) > limit:
+        del hits[limit:]
+    return hits

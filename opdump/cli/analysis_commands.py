@@ -24,6 +24,16 @@ def _err(msg: str) -> int:
     return 2
 
 
+def _report_unreadable(command: str, unreadable) -> None:
+    """Each file that could not be read, by path with its reason, on stderr."""
+    for path, why in unreadable:
+        print(f"opdump {command}: cannot read {path}: {why}", file=sys.stderr)
+
+
+def _unreadable_json(unreadable):
+    return [{"path": p, "reason": r} for p, r in unreadable]
+
+
 def parse_iterations(text: Optional[str]) -> Optional[List[Any]]:
     """``0|5-8`` / ``0,2`` -> [0, 5, 6, 7, 8]; ``3:4`` pairs iteration 3 of A with 4 of B."""
     if text is None or str(text).strip() in ("", "all"):
@@ -214,6 +224,11 @@ def cmd_overflow(args) -> int:
         return _err(str(e))
     rep = find_overflow(d, rank=args.rank, iterations=its, max_affected=args.max_affected,
                         use_tensors=not args.stats_only, progress=not args.quiet)
+    _report_unreadable("overflow", rep.unreadable)
+    if rep.nothing:
+        return _err(rep.nothing)
+    if not rep.found and rep.unreadable and rep.unknown_tensors >= rep.scanned_tensors:
+        return _err(f"nothing could be analysed: all {len(rep.unreadable)} files could not be read")
     if getattr(args, "html", None):         # self-contained report: opdump.analysis.triage_report
         from opdump.analysis.triage_report import write_overflow_html
         print(f"report: {write_overflow_html(d, rep, args.html)}", file=sys.stderr)
@@ -222,8 +237,11 @@ def cmd_overflow(args) -> int:
                           "affected": [e.to_dict() for e in rep.affected],
                           "per_rank": {str(k): (v.to_dict() if v else None) for k, v in rep.per_rank.items()},
                           "scanned_tensors": rep.scanned_tensors, "unknown_tensors": rep.unknown_tensors,
-                          "method": rep.method}, indent=1))
+                          "method": rep.method, "unreadable": _unreadable_json(rep.unreadable)}, indent=1))
         return 1 if rep.found else 0
+    if rep.unreadable:
+        print(f"note: {len(rep.unreadable)} file(s) or statistics rows could not be read (listed on stderr); "
+              "the rest was analysed")
     if not rep.found:
         print(f"no NaN/Inf found ({rep.scanned_tensors} floating tensors scanned"
               + (f" from {rep.method}" if rep.method else "") + ")")
@@ -322,6 +340,9 @@ def cmd_watch(args) -> int:
         return _err(str(e))
     hits = watch(d, conds, rank=args.rank, iterations=its, op=args.op, io=args.io, target=args.target,
                  progress=not args.quiet, limit=args.limit)
+    _report_unreadable("watch", hits.unreadable)
+    if hits.nothing:
+        return _err(hits.nothing)
     if getattr(args, "html", None):         # self-contained report: opdump.analysis.triage_report
         from opdump.analysis.triage_report import write_watch_html
         print(f"report: {write_watch_html(d, hits, conds, args.html)}", file=sys.stderr)
@@ -331,15 +352,17 @@ def cmd_watch(args) -> int:
     if args.json:
         print(json.dumps([h.to_dict() for h in hits], indent=1, default=_json_default))
         return 1 if hits else 0
+    unread = (f"; {len(hits.unreadable)} file(s) or statistics rows could not be read (listed on stderr)"
+              if hits.unreadable else "")
     if not hits:
-        print("no hit: " + "; ".join(str(c) for c in conds))
+        print(f"no hit: " + "; ".join(str(c) for c in conds) + f" ({hits.checked} tensors checked{unread})")
         return 0
     for h in hits:
         where = f"iteration {h.iteration}" if h.iteration is not None else "constants"
         if h.previous_iteration is not None:
             where += f" (vs {h.previous_iteration})"
         print(f"[{h.condition}] {h.op} {h.io}.{h.slot}  {where}, rank {h.rank}: {h.detail}")
-    print(f"{len(hits)} hit(s)" + (f"; written to {args.csv}" if args.csv else ""))
+    print(f"{len(hits)} hit(s)" + (f"; written to {args.csv}" if args.csv else "") + unread)
     return 1
 
 

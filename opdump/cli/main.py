@@ -24,7 +24,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _safe_streams() -> None:
+    """Printing a name never fails: a file name that is not valid UTF-8 (its undecodable
+    bytes are surrogates in Python) or a terminal that cannot show a character prints the
+    character as a backslash escape instead of raising UnicodeEncodeError."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(errors="backslashreplace")
+        except (AttributeError, ValueError, OSError):   # not a TextIOWrapper (captured, closed)
+            pass
+
+
 def main(argv: Optional[List[str]] = None) -> int:
+    _safe_streams()
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     # `opdump run` passes everything after the script through untouched.

@@ -1,6 +1,13 @@
 """Statistics files: reading one ``statistic.csv`` into rows with normalised column names
 (the headers MindSpore and opdump write, mapped by :mod:`opdump.format.statistics`),
 numbers parsed, shapes normalised to ``(a,b,c)`` whether quoted or not.
+
+Malformed cells are errors, not values: a numeric cell that is not a number
+(``NOT_A_NUMBER`` in ``Max Value``) becomes None (unknown) and the row carries
+``stat_errors``, one line naming the file, the row (line number in the file) and the
+column, which the analysis reports.  The cells MindSpore writes are valid: numbers,
+``nan``, ``inf``, ``-inf``, ``true``/``false``, and empty cells (a category that was not
+computed, read as NaN).
 """
 from __future__ import annotations
 
@@ -17,7 +24,17 @@ _STRUCT_COLUMNS = BASE_KEYS
 NUMERIC_STATS = list(NUMERIC_KEYS)
 
 
+_NUMERIC = frozenset(NUMERIC_KEYS)
+_INT_KEYS = ("task_id", "stream_id", "timestamp", "slot", "data_size")
+
+
+class _Malformed(Exception):
+    """A cell that is not a number where the column holds numbers."""
+
+
 def _num(v: str) -> float:
+    """A numeric cell: empty -> NaN (not computed); ``true``/``false`` -> 1/0; a number,
+    ``nan``, ``inf``, ``-inf`` -> its float; anything else raises :class:`_Malformed`."""
     v = v.strip()
     if not v:
         return float("nan")
@@ -29,7 +46,12 @@ def _num(v: str) -> float:
     try:
         return float(v)
     except ValueError:
-        return float("nan")
+        raise _Malformed(v) from None
+
+
+def _cell_error(path: Path, line: int, column: str, value: str) -> str:
+    shown = value if len(value) <= 40 else value[:40] + "…"
+    return f"{path}: line {line}, column {column!r}: {shown!r} is not a number"
 
 
 def read_statistic_csv(path: Path) -> List[Dict[str, Any]]:
@@ -61,21 +83,35 @@ def read_statistic_csv(path: Path) -> List[Dict[str, Any]]:
             if len(rec) < len(header):
                 continue  # torn row (whole files are written, so only a foreign writer's)
             row: Dict[str, Any] = {}
+            errors: List[str] = []
+            line = reader.line_num
             for h, v in zip(header, rec):
                 key = _STRUCT_COLUMNS.get(h) or STAT_COLUMNS.get(h) or h
-                if key in ("task_id", "stream_id", "timestamp", "slot", "data_size"):
+                if key in _INT_KEYS:
                     try:
                         row[key] = int(float(v))
-                    except ValueError:
+                    except (ValueError, OverflowError):
                         row[key] = -1
+                        errors.append(_cell_error(path, line, h, v))
                 elif key in ("op_type", "op", "dtype", "format", "md5"):
                     row[key] = v.strip()
                 elif key == "io":
                     row[key] = v.strip().lower()
                 elif key == "shape":
                     row[key] = _norm_shape(v)
-                else:
-                    row[key] = _num(v)
+                elif key in _NUMERIC:
+                    try:
+                        row[key] = _num(v)
+                    except _Malformed:
+                        row[key] = None          # unknown, never NaN
+                        errors.append(_cell_error(path, line, h, v))
+                else:                            # a column this reader does not know: kept as read
+                    try:
+                        row[key] = _num(v)
+                    except _Malformed:
+                        row[key] = v.strip()
+            if errors:
+                row["stat_errors"] = "; ".join(errors)
             rows.append(row)
     return rows
 
