@@ -98,6 +98,9 @@ def test_empty_rank_folder_is_nothing_to_analyse(tmp_path):
     w = _cli("watch", tmp_path / "e", "--cond", "nan", "-q")
     assert w.returncode == 2, w
     assert "nothing to analyse" in w.stderr and "no hit" not in w.stdout
+    for args in (("ls", tmp_path / "e"), ("locate", tmp_path / "e", "train.py:3")):
+        r = _cli(*args)
+        assert r.returncode == 2 and "nothing to analyse" in r.stderr and "rank_0" in r.stderr, (args, r)
 
 
 def test_selection_with_nothing_in_it_is_an_error(tensors):

@@ -3,9 +3,9 @@
 calls :func:`register` with its subparsers.  Each command's ``func(args)``
 returns the exit code:
 
-* ``ls``: 0, 2 on error.
-* ``locate``: 0 operators found, 1 none, 2 error.
-* ``overflow``: 0 no NaN/Inf found, 1 found, 2 error.
+* ``ls``: 0, 2 on error (an empty dump: nothing to analyse).
+* ``locate``: 0 operators found, 1 none, 2 error (an empty dump: nothing to analyse).
+* ``overflow``: 0 no NaN/Inf found, 1 found, 2 error (nothing to analyse, or no file readable).
 * ``compare``: 0 no divergence, 1 a diverging operator or parameter, 2 error.
 * ``watch``: 0 no hit, 1 hits, 2 error.
 """
@@ -148,6 +148,9 @@ def cmd_ls(args) -> int:
             _pd_print(df[cols], args.limit)
         return 0
     if rec.empty:
+        if d.records().empty and d.ops().empty:      # not a narrow selection: an empty dump
+            from opdump.analysis.common import nothing_to_analyse
+            return _err(nothing_to_analyse(d, "operators, tensor files or statistics rows"))
         print("no tensors and no statistics")
         return 0
     summ = d.summary()
@@ -173,6 +176,9 @@ def cmd_locate(args) -> int:
         d = _open(args.path)
     except Exception as e:  # noqa: BLE001
         return _err(str(e))
+    if d.ops().empty and d.records().empty:
+        from opdump.analysis.common import nothing_to_analyse
+        return _err(nothing_to_analyse(d, "operators, tensor files or statistics rows"))
     hits = locate(d, args.where, rank=args.rank, any_frame=args.any_frame)
     if args.json:
         print(json.dumps([h.to_dict() for h in hits], indent=1))
