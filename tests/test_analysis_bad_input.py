@@ -165,6 +165,22 @@ def test_malformed_statistic_cell_is_an_error_not_a_nan(stats, tmp_path):
     assert w.returncode == 0 and "NOT_A_NUMBER" in w.stderr, w
 
 
+def test_refused_csv_line_is_reported_by_file_and_line(stats, tmp_path):
+    """A line the CSV parser refuses (a 200,000-character field) is reported with its file
+    and line; the other rows are analysed (was: the whole command failed naming no file)."""
+    bad = tmp_path / "bad"
+    shutil.copytree(stats, bad)
+    path = next((bad / "rank_0").rglob("statistic.csv"))
+    lines = path.read_text().splitlines(True)
+    lines.insert(3, 'x,"' + "A" * 200_000 + '",1\n')
+    path.write_text("".join(lines))
+    rep = find_overflow(open_dump(bad), progress=False)
+    assert rep.unreadable == [(str(path), "line 4: unreadable CSV line (field larger than field limit (131072))")]
+    assert rep.unknown_tensors == 0 and rep.scanned_tensors > 50 and not rep.found
+    w = _cli("watch", bad, "--cond", "nan", "-q")
+    assert w.returncode == 0 and f"cannot read {path}: line 4" in w.stderr, w
+
+
 def test_cells_mindspore_writes_are_valid(stats, tmp_path):
     """nan / inf / -inf / empty cells are values (an empty cell: a category not computed)."""
     ok = tmp_path / "ok"

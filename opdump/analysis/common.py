@@ -15,7 +15,7 @@ from .reader import is_complex_dtype, is_float_dtype, npy_header
 __all__ = [
     "EMPTY_OPS", "OVERWRITE_OPS", "RANDOM_OPS", "base_op_type", "is_garbage", "is_random_op",
     "iter_chunks", "array_nonfinite", "stats_nonfinite", "is_float_row", "CHUNK_ELEMS",
-    "load_checked_array", "read_error", "stat_errors_of", "nothing_to_analyse",
+    "load_checked_array", "read_error", "stat_errors_of", "stat_problems", "table_stat_problems", "nothing_to_analyse",
 ]
 
 #: operators whose outputs are uninitialised memory
@@ -118,6 +118,35 @@ def stat_errors_of(row: Mapping[str, Any]) -> Optional[str]:
     :func:`opdump.analysis.reader.statistics.read_statistic_csv`), or None when it has none."""
     v = row.get("stat_errors")
     return v if isinstance(v, str) and v else None
+
+
+def stat_problems(row: Mapping[str, Any]) -> list:
+    """What the statistics reader could not read around this row, as ``(path, reason)``:
+    its malformed cells (``stat_errors``: the row's statistics are not used) and CSV lines
+    of its file the parser refused (``stat_skipped``: the row itself is fine)."""
+    out = []
+    for key in ("stat_errors", "stat_skipped"):
+        v = row.get(key)
+        if isinstance(v, str) and v:
+            path, sep, rest = v.partition(": line ")
+            out.append((path, "line " + rest) if sep else (v, v))
+    return out
+
+
+def table_stat_problems(rec: Any) -> list:
+    """:func:`stat_problems` of every row of a records table (before any selection, so that
+    a refused line is reported whichever row carries it)."""
+    cols = [c for c in ("stat_errors", "stat_skipped") if c in getattr(rec, "columns", ())]
+    out: list = []
+    if not cols or rec.empty:
+        return out
+    mask = None
+    for c in cols:                   # (Series.map: every pandas version opdump supports)
+        m = rec[c].map(lambda v: isinstance(v, str) and bool(v))
+        mask = m if mask is None else (mask | m)
+    for row in rec.loc[mask, cols].to_dict("records"):
+        out.extend(stat_problems(row))
+    return out
 
 
 def nothing_to_analyse(dump: Any, what: str) -> str:

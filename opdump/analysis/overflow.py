@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from .common import (array_nonfinite, is_float_row, is_garbage, nothing_to_analyse, read_error, stat_errors_of,
+                     table_stat_problems,
                      stats_nonfinite, progress_bar)
 from .reader import Dump
 
@@ -132,9 +133,7 @@ def _count(row: Dict[str, Any], key: str) -> Optional[int]:
 def _state(row: Dict[str, Any], use_tensors: bool, unreadable: List[Tuple[str, str]]) -> TensorState:
     st = TensorState(row["io"], int(row["slot"]), row.get("dtype"), None, path=row.get("path"))
     shape = row.get("shape")
-    bad_stats = stat_errors_of(row)
-    if bad_stats is not None:
-        unreadable.append((bad_stats.split(": line ", 1)[0], bad_stats))
+    bad_stats = stat_errors_of(row)         # reported by find_overflow (table_stat_problems)
     if row.get("stat_row") is True and bad_stats is None:
         nf = stats_nonfinite(row)
         if nf is not None:
@@ -186,6 +185,7 @@ def find_overflow(dump: Dump, rank: Optional[int] = None, iterations: Optional[I
     if rec.empty:
         report.nothing = nothing_to_analyse(dump, "tensor files or statistics rows")
         return report
+    report.unreadable.extend(table_stat_problems(rec))
     if rank is not None:
         rec = rec[rec["rank"] == rank]
     if iterations is not None:

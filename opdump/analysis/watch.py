@@ -46,7 +46,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from .common import (is_float_row, is_garbage, iter_chunks, load_checked_array, nothing_to_analyse, progress_bar,
-                     read_error, stat_errors_of)
+                     read_error, stat_errors_of, table_stat_problems)
 from .reader import Dump
 
 __all__ = ["Condition", "WatchHit", "WatchResult", "watch", "CONDITIONS"]
@@ -375,6 +375,7 @@ def watch(dump: Dump, conditions: Iterable[Union[Condition, str]], *, rank: Opti
     if rec.empty:
         hits.nothing = nothing_to_analyse(dump, "tensor files or statistics rows")
         return hits
+    hits.unreadable.extend(table_stat_problems(rec))
     if rank is not None:
         rec = rec[rec["rank"] == rank]
     if iterations is not None:
@@ -422,9 +423,6 @@ def watch(dump: Dump, conditions: Iterable[Union[Condition, str]], *, rank: Opti
             bar.update(1)
         if limit is not None and len(hits) >= limit:
             break
-        bad = stat_errors_of(r)
-        if bad is not None:
-            hits.unreadable.append((bad.split(": line ", 1)[0], bad))
         cs = [c for c in plain if targeted(c, r)]
         if cs:
             hits.checked += 1

@@ -58,18 +58,34 @@ def read_statistic_csv(path: Path) -> List[Dict[str, Any]]:
     """Rows of one statistic.csv as dicts (normalised column names).
 
     Shapes such as ``(2,3)`` are accepted quoted or not (an unquoted shape spans
-    several CSV fields and is glued back together)."""
+    several CSV fields and is glued back together).  A line the CSV parser refuses (a
+    field over the parser's limit, a NUL byte) is skipped and its error, naming the file
+    and line, goes into ``stat_skipped`` of the next row read (or the last one; that row's
+    own cells are still trusted); a file whose lines are all refused raises ValueError
+    naming the file."""
     rows: List[Dict[str, Any]] = []
+    refused: List[str] = []
     with open(path, newline="", encoding="utf-8", errors="replace") as f:
         reader = csv.reader(f)
         try:
             header = [h.strip() for h in next(reader)]
         except StopIteration:
             return rows
+        except csv.Error as e:
+            raise ValueError(f"{path}: line {reader.line_num}: not a readable statistic.csv ({e})") from None
         while header and header[-1] == "":
             header.pop()
         shape_i = header.index("Shape") if "Shape" in header else None
-        for rec in reader:
+        while True:
+            try:
+                rec = next(reader)
+            except StopIteration:
+                break
+            except csv.Error as e:
+                refused.append(f"{path}: line {reader.line_num}: unreadable CSV line ({e})")
+                if len(refused) > 1000:          # a file of garbage: stop, it is reported
+                    break
+                continue
             if not rec or all(not x.strip() for x in rec):
                 continue
             while len(rec) > len(header) and rec[-1] == "":
@@ -112,7 +128,14 @@ def read_statistic_csv(path: Path) -> List[Dict[str, Any]]:
                         row[key] = v.strip()
             if errors:
                 row["stat_errors"] = "; ".join(errors)
+            if refused:
+                row["stat_skipped"], refused = "; ".join(refused), []
             rows.append(row)
+    if refused:
+        if not rows:
+            raise ValueError("; ".join(refused[:3]))
+        last = rows[-1]
+        last["stat_skipped"] = "; ".join(([last["stat_skipped"]] if last.get("stat_skipped") else []) + refused)
     return rows
 
 
