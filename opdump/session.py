@@ -148,9 +148,9 @@ class Session:
 
     @staticmethod
     def _check_supported(config: DumpConfig) -> None:
-        if config.op_debug_mode != 0:
+        if config.op_debug_mode == 4:
             raise ConfigError("common_dump_settings.op_debug_mode", config.op_debug_mode,
-                              "overflow (3) and exception (4) dumps are not implemented in this version; use 0",
+                              "the exception dump (4) is not implemented in this version; use 0 or 3 (overflow)",
                               config.source_file)
         if config.file_format != "npy":
             raise ConfigError("common_dump_settings.file_format", config.file_format,
@@ -424,9 +424,21 @@ class Session:
 
     # ------------------------------------------------------------------ API sugar
     def backend(self, real: Union[str, Callable, None] = "inductor", **real_options):
-        """A ``torch.compile`` backend that dumps through this session."""
+        """A ``torch.compile`` backend that dumps through this session.
+
+        Raises ConfigError with ``op_debug_mode`` 3: the overflow dump is eager-only."""
+        refuse_graph_overflow(self.config)
         from .capture.graph.backend import backend as _backend
         return _backend(real, session=self, **real_options)
+
+
+def refuse_graph_overflow(config: DumpConfig) -> None:
+    """Graph mode (a ``torch.compile`` backend) with the overflow dump is refused: only the
+    eager capture watches operators for overflow (README, "Debug dumps")."""
+    if config.op_debug_mode == 3:
+        raise ConfigError("common_dump_settings.op_debug_mode", 3,
+                          "the overflow dump (3) is supported in eager mode only, not with torch.compile "
+                          "(graph mode); run the model eagerly or use 0", config.source_file)
 
 
 def _config_as_json(cfg: DumpConfig) -> dict:

@@ -13,6 +13,7 @@ opdump overrides it the same way.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any, Dict, Mapping
 
 from .errors import ConfigError
@@ -42,6 +43,10 @@ def apply_rules(kw: Mapping[str, Any], names: Mapping[str, str]) -> Dict[str, An
         if d["sample_mode"] != 0:
             fail("sample_mode", f'must be 0 when {names.get("op_debug_mode", "op_debug_mode")} is {op} '
                                 "(sample dump needs op_debug_mode 0)")
+        if d["dump_mode"] == 1 and op == 3:
+            warnings.warn(f'opdump: {names.get("dump_mode", "dump_mode")} 1 is ignored when '
+                          f'{names.get("op_debug_mode", "op_debug_mode")} is 3: every operator is watched '
+                          "for overflow (the kernels list is not used)", UserWarning, stacklevel=2)
         out["dump_mode"] = 0                      # overflow/exception dump ignores the kernel selection
     if op == 3 and d["input_output"] != 0:
         fail("input_output", f'must be 0 when {names.get("op_debug_mode", "op_debug_mode")} is 3 '

@@ -31,6 +31,8 @@ SPECIAL_DIRS = frozenset({METADATA_DIR, GRAPHS_DIR, EXECUTION_ORDER_DIR})
 DATA_DUMP_JSON = "data_dump.json"      # the config as given
 CONFIG_JSON = "config.json"            # versions and the normalised config
 MANIFEST_JSON = "manifest.json"        # opdump: complete, dumped iterations, files written
+#: in an iteration folder, with op_debug_mode 3: the operators that overflowed (README, "Debug dumps")
+OVERFLOW_JSON = "overflow.json"
 
 #: the execution-order CSV's header line (one full name a line below it)
 EXECUTION_ORDER_HEADER = "NodeExecutionOrder-FullNameWithScope"

@@ -56,7 +56,7 @@ class OperatorPath:
     """The per-operator methods of :class:`~.mode.EagerCapture` (which sets the attributes
     they read: ``session``, ``tracker``, ``listing``, ``_state``, ``_optimizers``,
     ``capture_all``, ``_select_all``, ``_dump_in``, ``_dump_out``, ``_kernel_args``,
-    ``_selected``, ``_unsettled``)."""
+    ``_selected``, ``_unsettled``, ``_overflow``)."""
 
     def _settle(self) -> None:
         """The in-place operator whose outputs were recorded last has returned (autograd
@@ -139,6 +139,9 @@ class OperatorPath:
             if not listed.nonfinite_args and has_nonfinite_arg(args, kwargs):
                 listed.nonfinite_args = True        # seen in a later iteration: the listing says so
                 self.listing.dirty = True
+            if self._overflow is not None:      # the watch reports these of a later iteration too
+                op.nonfinite_args = listed.nonfinite_args and has_nonfinite_arg(args, kwargs)
+                op.source = sources
         if phase <= Phase.MODULE:
             state.seq.setdefault(_get_sequence_nr() - 1, (scope, ids, sources))
         state.names.append(name)
@@ -146,6 +149,8 @@ class OperatorPath:
 
     def _run(self, state: IterationState, op: OpInfo, describe: bool, func, args, kwargs, facts):
         """Run a captured operator: its inputs recorded before, its outputs after."""
+        if self._overflow is not None:
+            return self._run_watched(op, describe, func, args, kwargs, facts)
         selected = True if self._select_all else self._select(op)
         op.selected = selected
         kernel_args = selected and self._kernel_args
@@ -182,6 +187,36 @@ class OperatorPath:
             if describe:
                 self._describe(op, args, kwargs, inputs, outputs)
         if describe:
+            self.listing.add(op)
+        return out
+
+    def _run_watched(self, op: OpInfo, describe: bool, func, args, kwargs, facts):
+        """``op_debug_mode`` 3: run the operator and hand it to the overflow watch
+        (:mod:`opdump.debug.overflow`), which records it only if it overflows.  Arguments the
+        operator writes are cloned before it runs (the watch keeps references, not copies,
+        of everything else, and judges its batch before any write to a tensor it holds)."""
+        watch = self._overflow
+        if describe:
+            op.args = non_tensor_args(func, args, kwargs)
+        inputs = flat_tensors(args, [])
+        if kwargs:
+            flat_tensors(kwargs.values(), inputs)
+        saved, cloned, written = inputs, (), ()
+        if facts.writes:
+            written = inputs if facts.writes_list else tensors_at(args, kwargs, facts.written)
+            watch.before_write(written)
+            ids = {id(t) for t in written}
+            saved = [t.detach().clone() if id(t) in ids else t for t in inputs]
+            cloned = [c for c, t in zip(saved, inputs) if c is not t]
+        out = func(*args, **kwargs)
+        if written:      # recorded copies of what it wrote are stale
+            forget = self.session.recorder.forget
+            for t in written:
+                forget(t)
+        outputs = tensors_at(args, kwargs, facts.mutated) if facts.mutated else output_slots(out)
+        watch.add(op, saved, outputs, op.nonfinite_args, cloned)
+        if describe:
+            self._describe(op, args, kwargs, inputs, outputs)
             self.listing.add(op)
         return out
 

@@ -58,6 +58,9 @@ Decisions (README-ready):
 * **Tensors.** Inputs are copied before the operator runs (in-place operators
   cannot alter them), outputs after; an in-place operator that returns nothing
   (``_foreach_add_``) has its mutated arguments dumped as its outputs.
+* **Overflow dump** (``op_debug_mode`` 3): operators go to :mod:`opdump.debug.overflow`
+  instead of being recorded; only those that overflow are recorded (inputs and outputs),
+  parameters are not dumped, and each dumped iteration gets an ``overflow.json``.
 * **Cost.** The mode is on the dispatch stack only during iterations that dump
   (pushed at a dumped iteration's start, popped at its end, see
   :meth:`EagerCapture._sync_mode`); other iterations run plain eager.  If it
@@ -123,6 +126,13 @@ class EagerCapture(OperatorPath):
         # autograd's bump (see Recorder.settle), settled when the next operator arrives
         self._unsettled: List[torch.Tensor] = []
         self._selected: Dict[str, bool] = {}
+        # op_debug_mode 3: operators go to the overflow watch, recorded only if they overflow
+        self._overflow = None
+        if cfg.op_debug_mode == 3:
+            from ...debug.overflow import OverflowWatch
+            self._overflow = OverflowWatch(cfg.overflow_number, self._record_overflow,
+                                           lambda: self._folder(self._watched), lambda: session.layout)
+        self._watched: Optional[IterationState] = None
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "EagerCapture":
@@ -219,7 +229,7 @@ class EagerCapture(OperatorPath):
             self._finish(state)
         self._dumping = self._active and session.is_dumping()
         if self._dumping and self._state is None:
-            self._state = IterationState(it, first=not self._dumped_any)
+            self._state = self._watched = IterationState(it, first=not self._dumped_any)
 
     def _iteration_end(self, iteration: int) -> None:
         state = self._state
@@ -243,6 +253,9 @@ class EagerCapture(OperatorPath):
         self._unsettled = []
         self._internal += 1
         try:
+            if self._overflow is not None:
+                self._watched = state
+                self._overflow.finish(state.number)
             if state.n:
                 self._dumped_any = True
                 self._write_files(state)
@@ -281,6 +294,15 @@ class EagerCapture(OperatorPath):
             # every other iteration: its order file is made in the writer (a folder and a
             # file created per step, ~0.3 ms, off the training thread)
             self.session.writer.submit(lambda: layout.write_execution_order(gid, names, folder))
+
+    def _record_overflow(self, op, inputs, outputs) -> None:
+        """Record an operator the overflow watch found overflowing (inputs and outputs)."""
+        recorder = self.session.recorder
+        folder = self._folder(self._watched)
+        if inputs:
+            recorder.record_all(folder, op, "input", self._on_allowed_devices(inputs))
+        if outputs:
+            recorder.record_all(folder, op, "output", self._on_allowed_devices(outputs))
 
     # ------------------------------------------------------------------ hooks
     def _module_pre(self, module, args) -> None:
@@ -346,7 +368,7 @@ class EagerCapture(OperatorPath):
                     index_parameters(state, module, frame.root)
                     if not is_compiled_wrapper(module):
                         dumped = parameters_to_dump(session, state, self.listing, module)
-                        if dumped:
+                        if dumped and self._overflow is None:     # overflow dump: operators only
                             session.recorder.record_parameters(self._folder(state), dumped)
                 finally:
                     self._internal -= 1
