@@ -47,6 +47,7 @@ from .common import (array_nonfinite, is_float_row, is_garbage, nothing_to_analy
                      table_stat_problems,
                      stats_nonfinite, progress_bar)
 from .reader import Dump
+from ..debug.origin import ARGUMENT, INPUT, ON_PURPOSE, OPERATOR, judge    # the rule op_debug_mode 3 uses too
 
 __all__ = ["OverflowEvent", "OverflowReport", "find_overflow"]
 
@@ -239,7 +240,8 @@ def find_overflow(dump: Dump, rank: Optional[int] = None, iterations: Optional[I
             info = dump.op_info(g0["op"], rank=rk, graph=int(g0["graph"]))
             flagged = info is not None and info.nonfinite_args
             unexplained = [s for s in bad_in if not (s.inf_only() and s.signature in on_purpose)]
-            if not unexplained and (flagged or bad_in) and not any(s.has_nan for s in bad_out):
+            verdict = judge(bool(bad_in), bool(unexplained), bool(bad_out), any(s.has_nan for s in bad_out), flagged)
+            if verdict == ON_PURPOSE:
                 # Inf made on purpose (a mask), or an on-purpose Inf passed along: not an origin
                 on_purpose.update(s.signature for s in bad_out if s.signature is not None)
                 continue
@@ -249,12 +251,10 @@ def find_overflow(dump: Dump, rank: Optional[int] = None, iterations: Optional[I
             if info is not None:
                 ev.source, ev.code = info.source, info.code
             if origin is None:
-                if flagged and bad_out and not unexplained:
-                    ev.kind = "argument"        # a NaN came in as a non-tensor argument
+                if verdict in (ARGUMENT, OPERATOR):    # argument: a NaN came in as a non-tensor argument
+                    ev.kind = verdict
                     origin = ev
-                elif bad_out and not unexplained:
-                    origin = ev
-                elif unexplained and not seen_bad:
+                elif verdict == INPUT and not seen_bad:
                     ev.kind = "input"
                     ev.tensors = unexplained + bad_out
                     origin = ev
