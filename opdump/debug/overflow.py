@@ -4,9 +4,9 @@ Why: a user hunting the first NaN of a long run wants only the operator that mad
 from the real run, in one pass.  Each captured operator is handed to
 :class:`OverflowWatch` instead of being recorded: it keeps references to the operator's
 tensors (a clone only of the arguments the operator writes in place, taken before it
-runs) and one 0-d flag per floating tensor (fp16/bf16/fp32/fp64), computed on the
-tensor's own device without a sync: ``abs(t).amax()``, which is finite, +Inf (Inf only)
-or NaN (some NaN).
+runs) and one flag per floating tensor (fp16/bf16/fp32/fp64), computed on the tensor's
+own device without a sync: ``torch.aminmax(t)`` (one reduction pass, no temporary the size
+of ``t``), whose two values are finite, Inf (Inf only) or NaN (some NaN).
 
 Every :data:`BATCH` operators, before an in-place write to a tensor the batch still
 holds, and at the iteration's end, the flags are stacked per device and read with one
@@ -38,11 +38,18 @@ BATCH = 256
 _FLOATS = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
 
 
-def _flag(t) -> Optional[torch.Tensor]:
-    """A 0-d tensor on ``t``'s device: max |t| (NaN if any NaN); None when not judged."""
+def _flag(t) -> Optional[tuple]:
+    """(min, max) of ``t`` as 0-d tensors on its device (NaN if any NaN); None when not judged."""
     if isinstance(t, torch.Tensor) and t.dtype in _FLOATS and not t.is_meta and t.numel():
-        return t.detach().abs().amax()
+        return torch.aminmax(t.detach())
     return None
+
+
+def _combine(lo: float, hi: float) -> float:
+    """One value from a tensor's (min, max): NaN if it holds NaN, Inf if Inf, else 0."""
+    if lo != lo or hi != hi:
+        return math.nan
+    return math.inf if math.isinf(lo) or math.isinf(hi) else 0.0
 
 
 def _storage(t: torch.Tensor) -> Optional[int]:
@@ -87,7 +94,7 @@ class OverflowWatch:
                 out.append(-1)
             else:
                 out.append(len(self._flags))
-                self._flags.append(f)
+                self._flags.extend(f)
         return out
 
     def before_write(self, written: Sequence[torch.Tensor]) -> None:
@@ -123,7 +130,7 @@ class OverflowWatch:
             host = torch.stack([flags[i] for i in idx]).double().cpu().tolist()   # one sync per device/dtype
             for i, v in zip(idx, host):
                 values[i] = v
-        return values
+        return [_combine(values[k], values[k + 1]) if k + 1 < len(values) else 0.0 for k in range(len(values))]
 
     def flush(self) -> None:
         """Judge the held operators in execution order; dump the overflowing ones."""
