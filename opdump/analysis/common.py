@@ -10,12 +10,12 @@ from typing import Any, Iterator, Mapping, Optional
 
 import numpy as np
 
-from .reader import is_complex_dtype, is_float_dtype, npy_header
+from .reader import is_complex_dtype, is_float_dtype, load_array, npy_header
 
 __all__ = [
     "EMPTY_OPS", "OVERWRITE_OPS", "RANDOM_OPS", "base_op_type", "is_garbage", "is_random_op",
     "iter_chunks", "array_nonfinite", "stats_nonfinite", "is_float_row", "CHUNK_ELEMS",
-    "load_checked_array", "read_error", "stat_errors_of", "stat_problems", "table_stat_problems", "nothing_to_analyse",
+    "read_error", "stat_errors_of", "stat_problems", "table_stat_problems", "nothing_to_analyse",
 ]
 
 #: operators whose outputs are uninitialised memory
@@ -99,14 +99,6 @@ def _as_real(a: np.ndarray) -> np.ndarray:
     return a
 
 
-def load_checked_array(path: str) -> np.ndarray:
-    """The array of a ``.npy`` file whose header was checked against the file's size before
-    anything is read or allocated (:func:`opdump.analysis.metrics.load_checked`): a truncated
-    or lying file raises ValueError with the reason instead of asking for terabytes."""
-    from .metrics import load_checked      # metrics imports this module
-    return load_checked(path)
-
-
 def read_error(exc: BaseException) -> str:
     """The reason a file could not be read, in one line."""
     text = str(exc).strip().splitlines()
@@ -160,9 +152,10 @@ def nothing_to_analyse(dump: Any, what: str) -> str:
 
 def array_nonfinite(path_or_array, chunk: int = CHUNK_ELEMS) -> Optional[dict]:
     """Counts of NaN / +Inf / -Inf in a floating array (chunked), and its shape as
-    ``statistic.csv`` writes it; None for non-float data.  A path is read through
-    :func:`load_checked_array` (ValueError/OSError when the file cannot be read)."""
-    a = load_checked_array(path_or_array) if isinstance(path_or_array, str) else path_or_array
+    ``statistic.csv`` writes it; None for non-float data.  Give an array loaded with
+    :func:`opdump.analysis.metrics.load_checked` (header checked against the file size):
+    a path is loaded here unchecked (this module cannot import metrics, which imports it)."""
+    a = load_array(path_or_array) if isinstance(path_or_array, str) else path_or_array
     if not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.complexfloating)):
         return None
     shape = a.shape

@@ -46,6 +46,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 from .common import (array_nonfinite, is_float_row, is_garbage, nothing_to_analyse, read_error, stat_errors_of,
                      table_stat_problems,
                      stats_nonfinite, progress_bar)
+from .metrics import load_checked
 from .reader import Dump
 from ..debug.origin import ARGUMENT, INPUT, ON_PURPOSE, OPERATOR, judge    # the rule op_debug_mode 3 uses too
 
@@ -152,7 +153,7 @@ def _state(row: Dict[str, Any], use_tensors: bool, unreadable: List[Tuple[str, s
     p = row.get("path")
     if use_tensors and isinstance(p, str):
         try:
-            c = array_nonfinite(p)
+            c = array_nonfinite(load_checked(p))   # header checked against the file size first
         except Exception as e:  # noqa: BLE001 - one bad file is reported, the rest analysed
             unreadable.append((p, read_error(e)))
             return st                       # finiteness unknown

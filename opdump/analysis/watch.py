@@ -45,8 +45,9 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .common import (is_float_row, is_garbage, iter_chunks, load_checked_array, nothing_to_analyse, progress_bar,
+from .common import (is_float_row, is_garbage, iter_chunks, nothing_to_analyse, progress_bar,
                      read_error, stat_errors_of, table_stat_problems)
+from .metrics import load_checked
 from .reader import Dump
 
 __all__ = ["Condition", "WatchHit", "WatchResult", "watch", "CONDITIONS"]
@@ -171,7 +172,7 @@ class _Unreadable(Exception):
 
 def _load(path: str) -> np.ndarray:
     try:
-        return load_checked_array(path)
+        return load_checked(path)       # header checked against the file size first
     except Exception as e:  # noqa: BLE001 - reported by path, the rest analysed
         raise _Unreadable(path, read_error(e)) from None
 
