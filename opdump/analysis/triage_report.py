@@ -15,6 +15,7 @@ import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from .common import array_nonfinite, is_float_row, progress_bar, stats_nonfinite
+from .metrics import load_checked
 from .report import _CSS, _downsample, _e
 
 __all__ = ["series_of", "render_trend_html", "write_trend_html", "write_triage_html", "write_overflow_html",
@@ -62,7 +63,7 @@ def series_of(dump, rank: Optional[int] = None, progress: bool = False) -> Dict[
         if bad is None and isinstance(r.get("path"), str) and read < _MAX_FILES_READ:
             read += 1
             try:
-                c = array_nonfinite(r["path"])
+                c = array_nonfinite(load_checked(r["path"]))   # header checked against the file size first
                 bad = None if c is None else (c["nan"] + c["pos_inf"] + c["neg_inf"]) > 0
             except (OSError, ValueError):
                 bad = None
