@@ -15,6 +15,16 @@ from ..naming import op_type_of
 
 Positions = Tuple[Tuple[int, str], ...]        # (position, name) of arguments
 
+#: Operators that write arguments their schema does not mark ``(a!)``: the batch-norm kernels
+#: update ``running_mean``/``running_var`` in place in training mode (functionalization uses
+#: ``_native_batch_norm_legit_functional`` for this reason).  No version bump witnesses such a
+#: write, so without this table a later reader of the buffer (``native_batch_norm_backward``)
+#: could be handed the recorder's copy taken before the update.
+UNDECLARED_WRITES: Dict[str, Positions] = {
+    name: ((3, "running_mean"), (4, "running_var"))
+    for name in ("native_batch_norm", "cudnn_batch_norm", "miopen_batch_norm")
+}
+
 
 class OpFacts:
     """Schema facts of one operator overload.
@@ -39,6 +49,9 @@ class OpFacts:
                          if a.alias_info is not None and a.alias_info.is_write] if schema is not None else [])
         self.writes = bool(schema is not None and schema.is_mutable)
         self.written: Positions = tuple((i, a.name) for i, a in written_args)
+        undeclared = UNDECLARED_WRITES.get(types[0]) if types is not None else None
+        if undeclared:
+            self.writes, self.written = True, self.written + undeclared
         self.writes_list = any(isinstance(a.type, torch.ListType) for _, a in written_args)
         self.mutated: Positions = self.written if schema is not None and not schema.returns else ()
 
