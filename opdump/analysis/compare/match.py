@@ -78,6 +78,14 @@ class Matching:
     def free_b(self) -> List[int]:
         return [j for j in range(len(self.B)) if j not in self.used_b]
 
+    def free_b_by_slot(self) -> Dict[Tuple[str, str, int, int], List[int]]:
+        """B's free tensors by (operator file name, io, slot, call)."""
+        idx: Dict[Tuple[str, str, int, int], List[int]] = {}
+        for j in self.free_b():
+            t = self.B[j]
+            idx.setdefault((t.op_file, t.io, t.slot, t.call), []).append(j)
+        return idx
+
     def unmatched(self) -> List[Pair]:
         return ([Pair(self.A[i], None) for i in self.free_a()]
                 + [Pair(None, self.B[j]) for j in self.free_b()])
@@ -111,10 +119,7 @@ class MappingMatcher(Matcher):
     def __call__(self, m: Matching) -> None:
         if not self.op_map and not self.t_map:
             return
-        idx: Dict[Tuple[str, str, int, int], List[int]] = {}
-        for j in m.free_b():
-            t = m.B[j]
-            idx.setdefault((t.op_file, t.io, t.slot, t.call), []).append(j)
+        idx = m.free_b_by_slot()
         for i in m.free_a():
             t = m.A[i]
             tgt = self.t_map.get((t.op_file, t.io, t.slot))
@@ -316,10 +321,7 @@ class NameMatcher(Matcher):
     rule = RULE_NAME
 
     def __call__(self, m: Matching) -> None:
-        idx: Dict[Tuple[str, str, int, int], List[int]] = {}
-        for j in m.free_b():
-            t = m.B[j]
-            idx.setdefault((t.op_file, t.io, t.slot, t.call), []).append(j)
+        idx = m.free_b_by_slot()
         for i in m.free_a():
             t = m.A[i]
             cands = [j for j in idx.get((t.op_file, t.io, t.slot, t.call), [])
