@@ -15,7 +15,7 @@ import torch.nn as nn
 
 import opdump
 from opdump.analysis.compare import CompareError, compare
-from opdump.analysis.metrics import checked_header
+from opdump.analysis.reader.npy import checked_header
 from opdump.capture.eager import EagerCapture
 from opdump.config import DumpConfig, IterationSpec
 

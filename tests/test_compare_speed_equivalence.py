@@ -19,9 +19,11 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
+from opdump.analysis import blas as B
 from opdump.analysis import metrics as M
 from opdump.analysis.common import iter_chunks
 from opdump.analysis.reader import load_array
+from opdump.analysis.reader import npy as N
 
 METRIC_CHUNK = 1 << 16
 
@@ -123,7 +125,7 @@ def _same(new: Dict[str, Any], ref: Dict[str, Any]) -> None:
 
 
 def _ref(a, b, chunk=METRIC_CHUNK):
-    with M.single_thread_blas():
+    with B.single_thread_blas():
         return reference_tensor_metrics(a, b, chunk)
 
 
@@ -135,10 +137,10 @@ def _check_files(tmp_path, a, b, chunk=METRIC_CHUNK, name="x"):
     pa, pb = tmp_path / f"{name}_a.npy", tmp_path / f"{name}_b.npy"
     np.save(pa, a)
     np.save(pb, b)
-    with M.single_thread_blas():
+    with B.single_thread_blas():
         ref = reference_pair_metrics(pa, pb, chunk)
     _same(M.pair_metrics(str(pa), str(pb), chunk), ref)
-    _same(M.pair_metrics(str(pa), str(pb), chunk, M.npy_layout(str(pa)), M.npy_layout(str(pb))), ref)
+    _same(M.pair_metrics(str(pa), str(pb), chunk, N.npy_layout(str(pa)), N.npy_layout(str(pb))), ref)
     small = M.SMALL_BYTES
     M.SMALL_BYTES = -1                  # every pair streamed (else up to 1 MB is read whole)
     try:
@@ -288,7 +290,7 @@ def test_unreadable_and_truncated_files(tmp_path):
         m = M.pair_metrics(str(tmp_path / "a.npy"), str(tmp_path / bad))
         assert m["unreadable"] == str(tmp_path / bad) and m["n"] == 0 and "cannot read" in m["error"]
     # a layout taken before the file was cut: the size is checked again when opened
-    lay = M.npy_layout(str(tmp_path / "a.npy"))
+    lay = N.npy_layout(str(tmp_path / "a.npy"))
     np.save(tmp_path / "c.npy", a)
     (tmp_path / "c.npy").write_bytes(raw[:-8])
     m = M.pair_metrics(str(tmp_path / "a.npy"), str(tmp_path / "c.npy"), layout_b=lay)
@@ -299,17 +301,17 @@ def test_blas_thread_count_no_longer_changes_the_digits():
     """Why the reference runs on one BLAS thread: with OpenBLAS on more threads the former
     code's dot products (over 10,000 elements) may differ in the last digits; the new code
     pins one thread, so its numbers do not depend on the machine's cores."""
-    if M.set_blas_threads(1) is None:
+    if B.set_blas_threads(1) is None:
         pytest.skip("numpy does not use OpenBLAS here: nothing to pin")
     r = np.random.default_rng(1)
     x, y = r.standard_normal(65536), r.standard_normal(65536)
     one = np.dot(x, y)
-    M.set_blas_threads(2)
+    B.set_blas_threads(2)
     try:
         new = M.tensor_metrics(x, y)
-        assert M._blas()[1]() == 2          # restored after the call
+        assert B._blas()[1]() == 2          # restored after the call
     finally:
-        M.set_blas_threads(1)
+        B.set_blas_threads(1)
     _same(new, M.tensor_metrics(x, y))
     assert float(np.dot(x, y)) == float(one)
 
@@ -326,12 +328,12 @@ def test_header_index_equals_numpys_parser(tmp_path, dt):
                 np.lib.format.read_magic(f)
                 shape_, fortran, dtype = np.lib.format.read_array_header_1_0(f)
                 want = (tuple(shape_), dtype, f.tell(), fortran)
-            assert M.npy_layout(str(p)) == want
-            fast = M._fast_header(p.read_bytes()[:512])
+            assert N.npy_layout(str(p)) == want
+            fast = N._fast_header(p.read_bytes()[:512])
             assert fast is None or (fast[0], fast[2], fast[3], fast[1]) == want
     with open(tmp_path / "v2.npy", "wb") as f:          # version 2.0 header
         np.lib.format.write_array(f, np.arange(7, dtype=np.float32), version=(2, 0))
-    assert M.npy_layout(str(tmp_path / "v2.npy"))[:3] == ((7,), np.dtype("float32"), 128)
+    assert N.npy_layout(str(tmp_path / "v2.npy"))[:3] == ((7,), np.dtype("float32"), 128)
 
 
 _RSS_CHILD = r"""

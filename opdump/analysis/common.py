@@ -153,7 +153,7 @@ def nothing_to_analyse(dump: Any, what: str) -> str:
 def array_nonfinite(path_or_array, chunk: int = CHUNK_ELEMS) -> Optional[dict]:
     """Counts of NaN / +Inf / -Inf in a floating array (chunked), and its shape as
     ``statistic.csv`` writes it; None for non-float data.  Give an array loaded with
-    :func:`opdump.analysis.metrics.load_checked` (header checked against the file size):
+    :func:`opdump.analysis.reader.npy.load_checked` (header checked against the file size):
     a path is loaded here unchecked (this module cannot import metrics, which imports it)."""
     a = load_array(path_or_array) if isinstance(path_or_array, str) else path_or_array
     if not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.complexfloating)):

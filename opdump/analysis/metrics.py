@@ -22,95 +22,36 @@ Same numbers as before, to the last digit: the chunk boundaries, the float64 con
 the BLAS dot products, numpy's pairwise sums and the order in which chunk results are
 added are unchanged (tests/test_compare_speed_equivalence.py checks this against a copy
 of the former implementation).  One thing is pinned that was not: the dot products run
-on one BLAS thread (:func:`single_thread_blas`).  OpenBLAS splits a dot product of more
+on one BLAS thread (:func:`opdump.analysis.blas.single_thread_blas`).  OpenBLAS splits a dot product of more
 than 10,000 elements over its threads and adds the parts, so the last digits of cosine,
 RMSE and Euclidean distance used to depend on the machine's core count; now they do not,
 and two worker processes no longer each spin two BLAS threads on two cores.
 
-Files are opened through :func:`checked_header` / :func:`npy_layout`: the ``.npy`` header
+Files are opened through :func:`opdump.analysis.reader.npy.npy_layout`: the ``.npy`` header
 is read and the size it describes is checked against the file's size before anything is
 read or allocated, so a corrupt or truncated file is reported (by path, with the reason)
 instead of asking for terabytes or failing half-way.
 """
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import math
 import os
-import re
 import threading
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
 from .common import iter_chunks
-from .reader import load_array
+from .blas import single_thread_blas
+from .reader.npy import Layout, load_checked, npy_layout, truncated
 
-__all__ = ["tensor_metrics", "pair_metrics", "METRIC_KEYS", "checked_header", "npy_layout", "load_checked",
-           "single_thread_blas", "set_blas_threads", "Layout"]
+__all__ = ["tensor_metrics", "pair_metrics", "METRIC_KEYS"]
 
 METRIC_KEYS = ("cosine", "max_abs_err", "max_rel_err", "rmse", "euclidean", "within_1e-3", "within_5e-3",
                "mean_abs_err", "max_abs_ref", "nonfinite_mismatch", "n")
 
 METRIC_CHUNK = 1 << 16      # elements per step: float64 work buffers stay in the CPU cache
 COMPARE_BLOCK = 1 << 20     # bytes per step of the byte comparison
-MMAP_MIN_BYTES = 4 << 20    # legacy path: smaller files are read in one go (cheaper than mapping them)
-
-#: (shape, dtype, data offset, fortran order) of a checked ``.npy`` file
-Layout = Tuple[Tuple[int, ...], np.dtype, int, bool]
-
-
-# --------------------------------------------------------------------------- BLAS threads
-def _openblas() -> Optional[Tuple[Any, Any]]:
-    """(set, get) thread-count functions of the OpenBLAS numpy uses, or None."""
-    try:
-        with open("/proc/self/maps") as f:
-            libs = sorted({line.split()[-1] for line in f if "openblas" in line.lower() and "/" in line})
-    except OSError:
-        return None
-    for path in libs:
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for prefix in ("scipy_openblas_", "openblas_"):
-            for suffix in ("64_", ""):
-                s, g = f"{prefix}set_num_threads{suffix}", f"{prefix}get_num_threads{suffix}"
-                if hasattr(lib, s) and hasattr(lib, g):
-                    return getattr(lib, s), getattr(lib, g)
-    return None
-
-
-_BLAS: Any = False        # not looked up yet
-
-
-def _blas():
-    global _BLAS
-    if _BLAS is False:
-        _BLAS = _openblas()
-    return _BLAS
-
-
-def set_blas_threads(n: int) -> Optional[int]:
-    """Set numpy's OpenBLAS thread count; the previous count (None: not OpenBLAS)."""
-    b = _blas()
-    if b is None:
-        return None
-    prev = int(b[1]())
-    b[0](int(n))
-    return prev
-
-
-@contextlib.contextmanager
-def single_thread_blas() -> Iterator[None]:
-    """Dot products on one BLAS thread while the block runs (then the former count)."""
-    prev = set_blas_threads(1)
-    try:
-        yield
-    finally:
-        if prev is not None and prev != 1:
-            set_blas_threads(prev)
 
 
 # --------------------------------------------------------------------------- the metric pass
@@ -259,93 +200,6 @@ def tensor_metrics(a: np.ndarray, b: np.ndarray, chunk: int = METRIC_CHUNK) -> D
 
 
 # --------------------------------------------------------------------------- files
-_HEADER = re.compile(r"\{'descr': '([<>|=]?[a-zA-Z][a-zA-Z0-9]*)', 'fortran_order': (True|False), "
-                     r"'shape': \(((?:\d+, )*\d*,?)\), \}[ ]*\n?$")
-_DTYPES: Dict[str, np.dtype] = {}
-
-
-def _fast_header(raw: bytes) -> Optional[Tuple[Tuple[int, ...], bool, np.dtype, int]]:
-    """(shape, fortran, dtype, data offset) of the header numpy writes for a plain dtype, parsed
-    with one regular expression (``np.lib.format`` runs ``ast.literal_eval``: ~0.2 ms a file);
-    None for anything else (then numpy's own parser reads it)."""
-    if raw[:6] != b"\x93NUMPY" or len(raw) < 10:
-        return None
-    major = raw[6]
-    if major == 1:
-        hlen, start = int.from_bytes(raw[8:10], "little"), 10
-    elif major == 2 and len(raw) >= 12:
-        hlen, start = int.from_bytes(raw[8:12], "little"), 12
-    else:
-        return None
-    if raw[7] != 0 or start + hlen > len(raw):
-        return None
-    try:
-        text = raw[start:start + hlen].decode("latin1")
-    except UnicodeDecodeError:  # pragma: no cover - latin1 decodes any byte
-        return None
-    m = _HEADER.match(text)
-    if m is None:
-        return None
-    descr = m.group(1)
-    dtype = _DTYPES.get(descr)
-    if dtype is None:
-        try:
-            dtype = np.dtype(descr)
-        except TypeError:
-            return None
-        if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None or len(_DTYPES) > 256:
-            return None
-        _DTYPES[descr] = dtype
-    shape = tuple(int(x) for x in m.group(3).replace(",", " ").split())
-    return shape, m.group(2) == "True", dtype, start + hlen
-
-
-def npy_layout(path: str) -> Layout:
-    """(shape, dtype, data offset, fortran order) of a ``.npy`` file whose size holds the data
-    its header describes. Raises ValueError with the reason otherwise (bad magic, unreadable
-    header, object dtype, file shorter than the header says)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        size = os.fstat(fd).st_size
-        fast = _fast_header(os.pread(fd, 512, 0))
-    finally:
-        os.close(fd)
-    if fast is not None:
-        shape, fortran, dtype, offset = fast
-    else:
-        with open(path, "rb") as f:
-            try:
-                version = np.lib.format.read_magic(f)
-                if version == (1, 0):
-                    shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-                elif version == (2, 0):
-                    shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-                else:
-                    raise ValueError(f"unsupported .npy version {version}")
-            except (ValueError, EOFError, SyntaxError, TypeError) as e:
-                raise ValueError(f"not a readable .npy header ({e})") from None
-            offset = f.tell()
-    if dtype.hasobject:
-        raise ValueError("holds Python objects (never unpickled)")
-    need = offset + math.prod(int(x) for x in shape) * dtype.itemsize
-    if size < need:
-        raise ValueError(f"truncated or corrupt: the header describes {need} bytes "
-                         f"(shape {tuple(shape)}, {dtype}), the file has {size}")
-    return tuple(int(x) for x in shape), dtype, offset, bool(fortran)
-
-
-def checked_header(path: str) -> Tuple[Tuple[int, ...], np.dtype, int]:
-    """(shape, dtype, data offset) of a checked ``.npy`` file (see :func:`npy_layout`)."""
-    return npy_layout(path)[:3]
-
-
-def load_checked(path: str) -> np.ndarray:
-    """The array of a checked ``.npy`` file, memory-mapped when large (never unpickled)."""
-    npy_layout(path)
-    big = os.path.getsize(path) >= MMAP_MIN_BYTES
-    return load_array(path, mmap=big)
-
-
 def _streamable(layout: Layout) -> bool:
     """Data read straight from the file in C order: plain numbers, not complex, not a
     multi-dimensional Fortran-order array (those go through ``np.load``)."""
@@ -363,8 +217,7 @@ class _Data:
         self.f = open(path, "rb", buffering=0)
         if os.fstat(self.f.fileno()).st_size < self.offset + self.nbytes:
             self.f.close()
-            raise ValueError(f"truncated or corrupt: the header describes {self.offset + self.nbytes} bytes "
-                             f"(shape {self.shape}, {self.dtype}), the file has {os.path.getsize(path)}")
+            raise truncated(self.offset + self.nbytes, os.path.getsize(path), self.shape, self.dtype)
         self.rewind()
 
     def rewind(self) -> None:
@@ -440,8 +293,7 @@ def _read_whole(path: str, layout: Layout) -> bytes:
     try:
         size = os.fstat(fd).st_size
         if size < offset + nbytes:
-            raise ValueError(f"truncated or corrupt: the header describes {offset + nbytes} bytes "
-                             f"(shape {shape}, {dtype}), the file has {size}")
+            raise truncated(offset + nbytes, size, shape, dtype)
         data = os.pread(fd, nbytes, offset) if nbytes else b""
     finally:
         os.close(fd)

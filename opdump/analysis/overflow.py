@@ -46,7 +46,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 from .common import (array_nonfinite, is_float_row, is_garbage, nothing_to_analyse, read_error, stat_errors_of,
                      table_stat_problems,
                      stats_nonfinite, progress_bar)
-from .metrics import load_checked
+from .reader.npy import load_checked
 from .reader import Dump
 from ..debug.origin import ARGUMENT, INPUT, ON_PURPOSE, OPERATOR, judge    # the rule op_debug_mode 3 uses too
 

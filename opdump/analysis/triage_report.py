@@ -15,7 +15,7 @@ import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from .common import array_nonfinite, is_float_row, progress_bar, stats_nonfinite
-from .metrics import load_checked
+from .reader.npy import load_checked
 from .report import _CSS, _downsample, _e
 
 __all__ = ["series_of", "render_trend_html", "write_trend_html", "write_triage_html", "write_overflow_html",

@@ -47,7 +47,7 @@ import numpy as np
 
 from .common import (is_float_row, is_garbage, iter_chunks, nothing_to_analyse, progress_bar,
                      read_error, stat_errors_of, table_stat_problems)
-from .metrics import load_checked
+from .reader.npy import load_checked
 from .reader import Dump
 
 __all__ = ["Condition", "WatchHit", "WatchResult", "watch", "CONDITIONS"]

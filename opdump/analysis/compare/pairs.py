@@ -60,7 +60,7 @@ class Tensor:
     shape: Optional[Tuple[int, ...]] = None      # from the .npy header or the statistics row
     np_dtype: Optional[str] = None               # numpy dtype of the stored data
     problem: Optional[str] = None                # the file could not be read: why
-    layout: Optional[tuple] = None               # metrics.npy_layout of the file: its header, parsed once
+    layout: Optional[tuple] = None               # reader.npy.npy_layout of the file: its header, parsed once
 
     # -- the record's fields by name
     @property

@@ -6,7 +6,7 @@ a pool of worker processes sized to the CPUs this process may use.
   round trip for up to 64 pairs or 32 MB);
 * the workers start once (fork where safe), stream their files themselves and send back
   only the metrics dict: no array is pickled, no process starts per pair;
-* each worker's numpy BLAS runs on one thread (:func:`opdump.analysis.metrics.single_thread_blas`):
+* each worker's numpy BLAS runs on one thread (:func:`opdump.analysis.blas.single_thread_blas`):
   the parallelism is the pool's, and the digits do not depend on the core count;
 * a bounded number of batches is in flight, and workers read through fixed-size buffers,
   so memory stays bounded whatever the dump's size.
@@ -19,7 +19,8 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from ..common import progress_bar
-from ..metrics import _batch, _task, set_blas_threads
+from ..blas import set_blas_threads
+from ..metrics import _batch, _task
 
 __all__ = ["run_pairs", "default_workers"]
 

@@ -11,6 +11,7 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 
 from ...format.files import parse_tensor_name
+from .npy import load_array, npy_header
 
 
 @dataclass
@@ -50,29 +51,6 @@ class TensorFile:
     @property
     def name(self) -> str:
         return os.path.basename(self.path)
-
-
-def load_array(path: str, mmap: bool = True) -> np.ndarray:
-    """``np.load`` without pickle, memory-mapped when possible (empty arrays cannot be)."""
-    if mmap:
-        try:
-            return np.load(path, mmap_mode="r", allow_pickle=False)
-        except ValueError:
-            pass
-    return np.load(path, allow_pickle=False)
-
-
-def npy_header(path: str) -> Tuple[Tuple[int, ...], np.dtype]:
-    """(shape, dtype) of a ``.npy`` file from its header (the data is not read)."""
-    with open(path, "rb") as f:
-        version = np.lib.format.read_magic(f)
-        if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-        elif version == (2, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-        else:  # pragma: no cover - 3.0 headers are utf8 2.0
-            shape, fortran, dtype = np.lib.format._read_array_header(f, version)
-    return tuple(shape), dtype
 
 
 def parse_tensor_filename(name: str) -> Optional[Dict[str, Any]]:
