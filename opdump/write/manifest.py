@@ -23,6 +23,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from .atomic import _tmp_name
+from .safe_fs import close_quietly
 
 if TYPE_CHECKING:
     from .safe_fs import DumpTree
@@ -66,11 +67,7 @@ class Manifest:
 
     def _close_fd(self) -> None:
         fd, self._fd = self._fd, None
-        if fd is not None:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        close_quietly(fd)
 
 
 def _write_all(fd: int, data: bytes) -> None:

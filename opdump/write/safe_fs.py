@@ -35,6 +35,15 @@ _APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NO
 OPEN_FOLDERS = 32
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 
+def close_quietly(fd: Optional[int]) -> None:
+    """Close ``fd`` (None: nothing), ignoring an error: for descriptors given up on teardown."""
+    if fd is not None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
 #: Linux limits: one name, one whole path (bytes)
 NAME_MAX = 255
 PATH_MAX = 4096
@@ -114,11 +123,7 @@ class DumpTree:
         its lock; the child never writes)."""
         self._close_folders()
         fd, self._fd = self._fd, None
-        if fd is not None:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        close_quietly(fd)
 
     # ------------------------------------------------------------------ paths
     def parts(self, path: str) -> Tuple[str, ...]:
@@ -191,10 +196,7 @@ class DumpTree:
             fds = [fd for fd, _ in self._open_dirs.values()]
             self._open_dirs.clear()
         for fd in fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+            close_quietly(fd)
 
     @contextlib.contextmanager
     def parent(self, path: str, *, create: bool = True) -> Iterator[Tuple[int, str]]:
