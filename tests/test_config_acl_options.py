@@ -26,7 +26,9 @@ def test_seed_model_dump_example(tmp_path):
     f = tmp_path / "acl.json"
     f.write_text(text)
     cfg = load_config(str(f), env={"HOME": str(tmp_path)})
-    assert cfg == DumpConfig(path=str(tmp_path / "output"), input_output=2,
+    assert cfg == DumpConfig(path=str(tmp_path / "output"), input_output=2, file_format="bin",
+                             model_filter=(("ResNet-101", ()), ("ResNet-50", ("conv1conv1_relu",
+                                           "res2a_branch2ares2a_branch2a_relu", "res2a_branch1", "pool1"))),
                              layout="acl", dialect="acl", source_file=str(f))
     assert cfg.dump_mode == 0          # ResNet-101 is dumped whole, so no kernel filter
     assert cfg.source_bytes == text.encode()

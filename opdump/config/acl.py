@@ -5,7 +5,10 @@ Maps the Ascend keys onto the one DumpConfig: ``dump_mode`` input/output/all ->
 tensor/stats -> ``saved_data`` tensor/statistic, ``dump_debug`` "on" -> overflow
 (``op_debug_mode`` 3, inputs and outputs), ``dump_step`` -> ``iteration``,
 ``layer`` lists -> ``kernels`` with ``dump_mode`` 1 when every dump_list entry
-lists layers, ``dump_scene`` "watcher" -> watcher mode (``layers`` are the
+lists layers; entries naming a ``model_name`` (a graph's name,
+``graph_{id}``, see :mod:`opdump.format.acl_layout`) -> ``model_filter``; ``dump_op_switch``
+"on" -> ``single_op`` (eager operators written flat); ``file_format`` (opdump's
+extension) "bin" by default, "npy" with ``dump_data`` "stats"; ``dump_scene`` "watcher" -> watcher mode (``layers`` are the
 triggers, ``watcher_nodes`` the watched operators; torchair's restrictions are
 errors).  ``dump_path`` may be relative (to the working directory) and may use
 ``$VAR``, as in CANN.  The result uses the ACL directory layout.
@@ -20,6 +23,7 @@ from .errors import ConfigError
 from .iteration import parse_iteration
 from .model import DumpConfig
 from .rules import apply_rules
+from ..format.acl_layout import sanitize_model_name
 
 DUMP = "dump"
 
@@ -32,6 +36,8 @@ DUMP_FIELDS = {
     "dump_debug": v.Field(v.mapped({"on": 3, "off": 0}), "op_debug_mode"),
     "dump_scene": v.Field(v.choice("watcher"), "dump_scene"),
     "dump_step": v.Field(parse_iteration, "iteration"),
+    # opdump's extension: "bin" (default with tensors; the Ascend DumpData file) or "npy"
+    "file_format": v.Field(v.choice("bin", "npy"), "file_format"),
 }
 
 ENTRY_FIELDS = {
@@ -41,7 +47,8 @@ ENTRY_FIELDS = {
 }
 
 NAMES = {"input_output": "dump.dump_mode", "saved_data": "dump.dump_data", "op_debug_mode": "dump.dump_debug",
-         "iteration": "dump.dump_step", "kernels": "dump.dump_list", "dump_scene": "dump.dump_scene"}
+         "iteration": "dump.dump_step", "kernels": "dump.dump_list", "dump_scene": "dump.dump_scene",
+         "file_format": "dump.file_format", "model_filter": "dump.dump_list"}
 
 
 def _model_name(value: Any, field: str) -> str:
@@ -58,6 +65,19 @@ def _dump_list(value: Any, field: str) -> List[Tuple[int, Dict[str, Any]]]:
         prefix = f"{field}[{i}]"
         entries.append((i, v.apply_table(v.expect_dict(entry, prefix), ENTRY_FIELDS, prefix + ".")))
     return entries
+
+
+def _model_filter(entries) -> Tuple[Tuple[str, Tuple[str, ...]], ...]:
+    """dump_list entries as (model_name, layers): a graph is dumped when an entry names it
+    (``graph_{id}``, compared sanitized; an entry without model_name names every graph), and
+    of it the operators its entries list (all of them when one of its entries lists none)."""
+    out = []
+    for i, e in entries:
+        layers = e.get("layer", ())
+        if layers:
+            v.kernel_list(list(layers), f"dump.dump_list[{i}].layer")   # the three kernels forms
+        out.append((sanitize_model_name(e.get("model_name", "")), tuple(layers)))
+    return tuple(out)
 
 
 def _union(lists) -> Tuple[str, ...]:
@@ -92,8 +112,13 @@ def parse_acl(dump: Any, env: Mapping[str, str], extra: Mapping[str, Any] = ()) 
             if kw.get("saved_data") == "statistic":
                 raise ConfigError("dump.dump_data", "stats", 'must be "tensor" when dump.dump_debug is "on"')
             kw["input_output"] = 0                          # overflow dump saves inputs and outputs
-        elif entries and all(e.get("layer") for _, e in entries):
-            kw.update(dump_mode=1, kernels=layers)
+        else:
+            if entries and all(e.get("layer") for _, e in entries):
+                kw.update(dump_mode=1, kernels=layers)        # the union selects; model_filter narrows
+            if any("model_name" in e for _, e in entries):
+                kw["model_filter"] = _model_filter(entries)
+    kw["single_op"] = op_switch == "on"
+    kw.setdefault("file_format", "npy" if kw.get("saved_data") == "statistic" else "bin")
     kw.update(extra)
     kw = apply_rules(kw, NAMES)
     return DumpConfig(layout="acl", dialect="acl", **kw)

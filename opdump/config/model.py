@@ -72,6 +72,11 @@ class DumpConfig:
     # -- ACL / torchair dialect extras (README, "Other dialects"); the session refuses the ACL layout
     layout: str = "mindspore"                   # mindspore | acl
     dump_scene: str = ""                        # "" | "watcher"
+    # -- ACL layout (opdump/format/acl_layout.py; README, "Other dialects")
+    #: dump_list entries naming a model: (model_name, layers); "" matches every graph, () every operator
+    model_filter: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()
+    single_op: bool = False                     # dump_op_switch "on": eager operators flat in {time}/{device_id}/
+    world_folder: bool = False                  # torchair options: worldsize{N}_global_rank{r}/ after dump_path
     # -- provenance
     dialect: str = "mindspore"                  # mindspore | acl | options
     source_file: Optional[str] = None           # the config file, when there was one

@@ -21,6 +21,9 @@ from .model import DumpConfig
 from .rules import apply_rules
 
 PREFIX = "dump_config."
+#: whose options object: the TF adapter's (``npu_device.global_options().dump_config``) or
+#: torchair's (``CompilerConfig().dump_config``, which adds ``worldsize{N}_global_rank{r}/``)
+FLAVORS = ("tf_adapter", "torchair")
 
 
 def _opt_bool(value: Any, field: str) -> Optional[bool]:
@@ -50,10 +53,13 @@ FIELDS = {
     "dump_layer": v.Field(_layer),
     "dump_config_path": v.Field(_opt_str),
     "quant_dumpable": v.Field(_opt_bool),
+    "file_format": v.Field(lambda value, field: None if value is None else v.choice("bin", "npy")(value, field)),
+    "flavor": v.Field(v.choice(*FLAVORS)),
 }
 
 NAMES = {"input_output": PREFIX + "dump_mode", "saved_data": PREFIX + "dump_data",
-         "iteration": PREFIX + "dump_step", "kernels": PREFIX + "dump_layer"}
+         "iteration": PREFIX + "dump_step", "kernels": PREFIX + "dump_layer",
+         "file_format": PREFIX + "file_format"}
 
 
 @dataclass
@@ -63,7 +69,11 @@ class DumpOptions:
     ``enable_dump`` None means: on when ``dump_config_path`` is given, else off.
     ``dump_path`` None is the working directory (as in torchair); relative paths are
     relative to it.  ``quant_dumpable`` is accepted and ignored (PyTorch has no
-    pre-quantisation graph to dump).
+    pre-quantisation graph to dump).  ``file_format`` (opdump's extension): "bin" (the
+    Ascend DumpData file, the default with tensors) or "npy"; None: "bin", or "npy" with
+    ``dump_data`` "stats".  ``flavor``: "tf_adapter" (the default) or "torchair" (then the
+    dump goes below ``worldsize{N}_global_rank{r}/``, as torchair writes it; not with
+    ``dump_config_path``).  The dump path must exist and be writable when the session starts.
     """
 
     enable_dump: Optional[bool] = None
@@ -74,6 +84,8 @@ class DumpOptions:
     dump_layer: Optional[str] = None           # operator names separated by spaces
     dump_config_path: Optional[str] = None
     quant_dumpable: Optional[bool] = None
+    file_format: Optional[str] = None          # bin | npy (opdump's extension)
+    flavor: str = "tf_adapter"                 # tf_adapter | torchair
 
     def to_config(self, env: Optional[Mapping[str, str]] = None) -> DumpConfig:
         """Validate and convert (raises ConfigError naming ``dump_config.<option>``)."""
@@ -84,7 +96,9 @@ class DumpOptions:
         if kw["dump_config_path"] is not None:
             return self._from_file(kw["dump_config_path"], enable, env)
         layers = kw["dump_layer"]
-        out = dict(input_output=kw["dump_mode"], saved_data=kw["dump_data"], enable=bool(enable))
+        out = dict(input_output=kw["dump_mode"], saved_data=kw["dump_data"], enable=bool(enable),
+                   world_folder=kw["flavor"] == "torchair")
+        out["file_format"] = kw["file_format"] or ("npy" if kw["dump_data"] == "statistic" else "bin")
         if kw["dump_step"] is not None:
             out["iteration"] = kw["dump_step"]
         if layers:
@@ -98,12 +112,38 @@ class DumpOptions:
     def _from_file(self, path: str, enable: Optional[bool], env: Mapping[str, str]) -> DumpConfig:
         defaults = DumpOptions()
         for f in dataclasses.fields(self):
-            if f.name not in ("enable_dump", "dump_config_path") and getattr(self, f.name) != getattr(defaults, f.name):
+            if f.name not in ("enable_dump", "dump_config_path", "flavor") and getattr(self, f.name) != getattr(defaults, f.name):
                 raise ConfigError(PREFIX + f.name, getattr(self, f.name),
                                   "cannot be combined with dump_config.dump_config_path (the JSON file configures "
                                   "everything but enable_dump); drop one of them")
         config = load_config(os.path.abspath(path), env=env)
         return config if enable is not False else config.replace(enable=False)
+
+
+class CompilerConfig:
+    """torchair's ``CompilerConfig()``, as far as dumping goes: ``config.dump_config`` is a
+    :class:`DumpOptions` of the torchair flavor; ``config.dump_config.to_config()`` gives the
+    DumpConfig for :class:`opdump.Session`."""
+
+    def __init__(self) -> None:
+        self.dump_config = DumpOptions(flavor="torchair")
+
+
+class _GlobalOptions:
+    def __init__(self) -> None:
+        self.dump_config = DumpOptions(flavor="tf_adapter")
+
+
+_GLOBAL: Optional[_GlobalOptions] = None
+
+
+def global_options() -> _GlobalOptions:
+    """The TF adapter's ``npu_device.global_options()``: one process-wide object whose
+    ``dump_config`` is a :class:`DumpOptions` (so seed-style scripts set its attributes)."""
+    global _GLOBAL
+    if _GLOBAL is None:
+        _GLOBAL = _GlobalOptions()
+    return _GLOBAL
 
 
 def from_options(env: Optional[Mapping[str, str]] = None, **options: Any) -> DumpConfig:
