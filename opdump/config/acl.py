@@ -140,3 +140,11 @@ def _check_watcher(kw: Dict[str, Any], entries, watched: Tuple[str, ...], op_swi
     if not watched:
         raise ConfigError("dump.dump_list", [dict(e) for _, e in entries],
                           'watcher mode needs at least one entry with "watcher_nodes": [...]')
+    for i, e in entries:                 # names take the three forms of kernels (a regex must compile)
+        for key in ("layer", "watcher_nodes"):
+            if key in e:
+                v.kernel_list(list(e[key]), f"dump.dump_list[{i}].{key}")
+    # the entries' pairs are merged: an entry without "layer" makes every operator a trigger
+    every = any(not e.get("layer") for _, e in entries if e.get("watcher_nodes"))
+    kw.update(watcher_nodes=watched,
+              watcher_layer=() if every else _union(e.get("layer", ()) for _, e in entries))

@@ -65,6 +65,13 @@ E2E_FIELDS = {
     "sample_mode": v.Field(v.integer(choices=(0, 1))),
     "sample_num": v.Field(v.integer(lo=1)),                         # used by sample_mode 1
     "save_kernel_args": v.Field(v.boolean),
+    # watcher mode (README, "Debug dumps"): {"layer": [...], "watcher_nodes": [...]}
+    "watcher": v.Field(lambda value, field: _watcher(value, field), "_watcher"),
+}
+
+WATCHER_FIELDS = {
+    "layer": v.Field(v.kernel_list, "watcher_layer"),
+    "watcher_nodes": v.Field(v.kernel_list),
 }
 
 OPDUMP_FIELDS = {
@@ -83,6 +90,22 @@ SECTIONS = {COMMON: COMMON_FIELDS, E2E: E2E_FIELDS, OPDUMP: OPDUMP_FIELDS}
 
 #: DumpConfig attribute -> dotted JSON name, for cross-field messages.
 NAMES = {attr: f"{sec}.{attr}" for sec, table in SECTIONS.items() for attr in table}
+NAMES.update(dump_scene=f"{E2E}.watcher", watcher_layer=f"{E2E}.watcher.layer",
+             watcher_nodes=f"{E2E}.watcher.watcher_nodes")
+
+
+def _watcher(value: Any, field: str) -> Dict[str, Any]:
+    """``e2e_dump_settings.watcher``: the MindSpore-style form of torchair's ``dump_scene``
+    "watcher" (``layer``: trigger operators, every one when absent; ``watcher_nodes``: the
+    watched operators, required); entries take the three forms of ``kernels``."""
+    kw = v.apply_table(v.expect_dict(value, field), WATCHER_FIELDS, field + ".")
+    if not kw.get("watcher_nodes"):
+        raise ConfigError(field + ".watcher_nodes", list(kw["watcher_nodes"]) if "watcher_nodes" in kw else "<missing>",
+                          "required: a non-empty list of the operators whose outputs are watched")
+    if "watcher_layer" in kw and not kw["watcher_layer"]:
+        raise ConfigError(field + ".layer", [], "must name at least one trigger operator; leave it out "
+                          "to check after every operator")
+    return {"dump_scene": "watcher", **kw}
 
 
 def parse_opdump_settings(value: Any) -> Dict[str, Any]:
@@ -102,5 +125,6 @@ def parse_mindspore(data: Mapping[str, Any], env: Mapping[str, str]) -> DumpConf
     raw_path = kw.pop("path", "")
     field = NAMES["path"]
     kw["path"] = v.check_path(raw_path, field) if raw_path else v.diagnostic_path(field, env)
+    kw.update(kw.pop("_watcher", {}))
     kw = apply_rules(kw, NAMES)
     return DumpConfig(layout="mindspore", dialect="mindspore", **kw)

@@ -72,6 +72,9 @@ class DumpConfig:
     # -- ACL / torchair dialect extras (README, "Other dialects"); the session refuses the ACL layout
     layout: str = "mindspore"                   # mindspore | acl
     dump_scene: str = ""                        # "" | "watcher"
+    # -- watcher mode (dump_scene "watcher"; README, "Debug dumps"): kernels-style entries
+    watcher_layer: Tuple[str, ...] = ()         # trigger operators (empty: every operator)
+    watcher_nodes: Tuple[str, ...] = ()         # watched operators (their outputs)
     # -- ACL layout (opdump/format/acl_layout.py; README, "Other dialects")
     #: dump_list entries naming a model: (model_name, layers); "" matches every graph, () every operator
     model_filter: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()

@@ -62,4 +62,22 @@ def apply_rules(kw: Mapping[str, Any], names: Mapping[str, str]) -> Dict[str, An
                                  "(it compares inductor's kernels with the operator reference)")
     if op == 0 and d["dump_mode"] == 1 and not d["kernels"]:
         fail("kernels", f'must name at least one kernel when {names.get("dump_mode", "dump_mode")} is 1')
+    if d.get("dump_scene") == "watcher":
+        _watcher_rules(kw, d, out, names, fail)
     return out
+
+
+def _watcher_rules(kw, d, out, names, fail) -> None:
+    """Watcher mode (README, "Debug dumps"): it dumps watched outputs only, after trigger
+    operators; overflow/exception dumps and operator selections are other modes."""
+    scene = names.get("dump_scene", "dump_scene")
+    if not d["watcher_nodes"]:
+        fail("watcher_nodes", f"watcher mode ({scene}) needs at least one watched operator")
+    if d["op_debug_mode"] != 0:
+        fail("op_debug_mode", f"must be 0 with watcher mode ({scene}); overflow and exception dumps "
+                              "are separate modes")
+    if d["dump_mode"] != 0:
+        fail("dump_mode", f"must be 0 with watcher mode ({scene}): the operators dumped are the watched ones")
+    if "input_output" in kw and d["input_output"] != 2:
+        fail("input_output", f"must be 2 (outputs) with watcher mode ({scene}): it dumps watched outputs only")
+    out["input_output"] = 2

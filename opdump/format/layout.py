@@ -33,6 +33,8 @@ CONFIG_JSON = "config.json"            # versions and the normalised config
 MANIFEST_JSON = "manifest.json"        # opdump: complete, dumped iterations, files written
 #: in an iteration folder, with op_debug_mode 3: the operators that overflowed (README, "Debug dumps")
 OVERFLOW_JSON = "overflow.json"
+#: in an iteration folder, in watcher mode: the watched outputs' changes and snapshots (README, "Debug dumps")
+WATCHER_JSON = "watcher.json"
 
 #: the execution-order CSV's header line (one full name a line below it)
 EXECUTION_ORDER_HEADER = "NodeExecutionOrder-FullNameWithScope"

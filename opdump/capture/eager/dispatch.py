@@ -56,7 +56,7 @@ class OperatorPath:
     """The per-operator methods of :class:`~.mode.EagerCapture` (which sets the attributes
     they read: ``session``, ``tracker``, ``listing``, ``_state``, ``_optimizers``,
     ``capture_all``, ``_select_all``, ``_dump_in``, ``_dump_out``, ``_kernel_args``,
-    ``_selected``, ``_unsettled``, ``_overflow``)."""
+    ``_selected``, ``_unsettled``, ``_overflow``, ``_watcher``)."""
 
     def _settle(self) -> None:
         """The in-place operator whose outputs were recorded last has returned (autograd
@@ -151,6 +151,8 @@ class OperatorPath:
         """Run a captured operator: its inputs recorded before, its outputs after."""
         if self._overflow is not None:
             return self._run_watched(op, describe, func, args, kwargs, facts)
+        if self._watcher is not None:
+            return self._run_watcher(op, describe, func, args, kwargs, facts)
         selected = True if self._select_all else self._select(op)
         op.selected = selected
         kernel_args = selected and self._kernel_args
@@ -216,6 +218,30 @@ class OperatorPath:
         outputs = tensors_at(args, kwargs, facts.mutated) if facts.mutated else output_slots(out)
         watch.add(op, saved, outputs, op.nonfinite_args, cloned)
         if describe:
+            self._describe(op, args, kwargs, inputs, outputs)
+            self.listing.add(op)
+        return out
+
+    def _run_watcher(self, op: OpInfo, describe: bool, func, args, kwargs, facts):
+        """Watcher mode: run the operator, then hand its outputs and the arguments it declares
+        to write to the watcher (:mod:`opdump.debug.watcher`), which records watched outputs."""
+        if describe:
+            op.args = non_tensor_args(func, args, kwargs)
+        written = ()
+        if facts.writes:
+            written = (flat_tensors(args, flat_tensors(kwargs.values(), [])) if facts.writes_list
+                       else tensors_at(args, kwargs, facts.written))
+        out = func(*args, **kwargs)
+        if written:      # recorded copies of what it wrote are stale
+            forget = self.session.recorder.forget
+            for t in written:
+                forget(t)
+        outputs = tensors_at(args, kwargs, facts.mutated) if facts.mutated else output_slots(out)
+        self._watcher.after(op, outputs, written)
+        if describe:
+            inputs = flat_tensors(args, [])
+            if kwargs:
+                flat_tensors(kwargs.values(), inputs)
             self._describe(op, args, kwargs, inputs, outputs)
             self.listing.add(op)
         return out

@@ -61,6 +61,9 @@ Decisions (README-ready):
 * **Overflow dump** (``op_debug_mode`` 3): operators go to :mod:`opdump.debug.overflow`
   instead of being recorded; only those that overflow are recorded (inputs and outputs),
   parameters are not dumped, and each dumped iteration gets an ``overflow.json``.
+* **Watcher mode** (``dump_scene`` "watcher"): operators go to :mod:`opdump.debug.watcher`;
+  only watched outputs are recorded (when their operator ran, and when they changed),
+  parameters are not dumped, and each dumped iteration gets a ``watcher.json``.
 * **Cost.** The mode is on the dispatch stack only during iterations that dump
   (pushed at a dumped iteration's start, popped at its end, see
   :meth:`EagerCapture._sync_mode`); other iterations run plain eager.  If it
@@ -133,6 +136,12 @@ class EagerCapture(OperatorPath):
             self._overflow = OverflowWatch(cfg.overflow_number, self._record_overflow,
                                            lambda: self._folder(self._watched), lambda: session.layout)
         self._watched: Optional[IterationState] = None
+        # watcher mode (dump_scene "watcher"): operators go to the watcher, which dumps watched outputs
+        self._watcher = None
+        if cfg.dump_scene == "watcher":
+            from ...debug.watcher import Watcher
+            self._watcher = Watcher(cfg, self._record_watcher, lambda: session.recorder,
+                                    lambda: self._folder(self._watched), lambda: session.layout, self.listing.ops.get)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "EagerCapture":
@@ -256,6 +265,9 @@ class EagerCapture(OperatorPath):
             if self._overflow is not None:
                 self._watched = state
                 self._overflow.finish(state.number)
+            if self._watcher is not None:
+                self._watched = state
+                self._watcher.finish(state.number)
             if state.n:
                 self._dumped_any = True
                 self._write_files(state)
@@ -303,6 +315,10 @@ class EagerCapture(OperatorPath):
             recorder.record_all(folder, op, "input", self._on_allowed_devices(inputs))
         if outputs:
             recorder.record_all(folder, op, "output", self._on_allowed_devices(outputs))
+
+    def _record_watcher(self, op, outputs) -> None:
+        """Record a watched operator's outputs (a snapshot of the watcher; None: not that slot)."""
+        self.session.recorder.record_all(self._folder(self._watched), op, "output", self._on_allowed_devices(outputs))
 
     # ------------------------------------------------------------------ hooks
     def _module_pre(self, module, args) -> None:
@@ -368,7 +384,7 @@ class EagerCapture(OperatorPath):
                     index_parameters(state, module, frame.root)
                     if not is_compiled_wrapper(module):
                         dumped = parameters_to_dump(session, state, self.listing, module)
-                        if dumped and self._overflow is None:     # overflow dump: operators only
+                        if dumped and self._overflow is None and self._watcher is None:   # debug dumps: operators only
                             session.recorder.record_parameters(self._folder(state), dumped)
                 finally:
                     self._internal -= 1
