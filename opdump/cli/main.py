@@ -21,6 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
     analysis_commands.register(sub)
     from . import triage as triage_cmd
     triage_cmd.register(sub)
+    from . import convert as convert_cmd
+    convert_cmd.register(sub)
     return parser
 
 
