@@ -120,6 +120,10 @@ def cmd_ls(args) -> int:
             state += describe(r.manifest, str(r.path))
         print(f"rank {rid}: {who or 'no config.json'}; saved_data={saved or '?'}; {state}; "
               f"graphs {sorted(r.graphs)}")
+    if not (args.ops or args.tensors or args.stats):
+        from opdump.analysis.watcher_report import ls_lines      # watcher mode's findings, one line per iteration
+        for line in ls_lines(args.path):
+            print(line)
     if args.ops:
         ops = _select(d.ops(), args, None)
         ops = ops.assign(source=[f"{f}:{int(l)}" if isinstance(f, str) and l == l and l is not None else ""

@@ -23,6 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
     triage_cmd.register(sub)
     from . import convert as convert_cmd
     convert_cmd.register(sub)
+    from . import watcher as watcher_cmd
+    watcher_cmd.register(sub)
     return parser
 
 
