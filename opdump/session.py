@@ -27,6 +27,7 @@ import json
 import os
 import platform
 import threading
+import time
 import warnings
 import weakref
 from typing import Callable, Dict, List, Optional, Set, Union
@@ -35,6 +36,7 @@ import torch
 
 from . import active
 from .config import ConfigError, DumpConfig, load_config
+from .debug.exception import ExceptionDump
 from .debug.sample import manifest_fields as sample_fields
 from .recorder import Recorder
 from .select import OpSelector
@@ -42,6 +44,7 @@ from .stats.engine import host_categories
 from .version import __version__
 from .format import layout as fmt
 from .write.dump_folder import open_rank_folder
+from .write.acl_layout import AclLayout, open_acl_folder
 from .write.layout import Layout
 from .write.manifest import Manifest, iteration_ranges
 from .write.safe_fs import DumpTree
@@ -120,6 +123,8 @@ class Session:
         self.writer = BackgroundWriter(config.writer_queue_mb << 20, config.writer_threads,
                                        low_priority=self.device_statistics_only)
         self.recorder = Recorder(self)
+        #: op_debug_mode 4: where the front-ends hand an operator that raised (README, "Debug dumps")
+        self.exception_dump = ExceptionDump(self) if config.op_debug_mode == 4 else None
         fallback = self.recorder.stats.fallback_warning() if self.recorder.stats is not None else None
         if fallback:
             warnings.warn(f"opdump: {fallback}", UserWarning, stacklevel=2)
@@ -142,23 +147,17 @@ class Session:
         self._lag_mark: list = []                 # the writer's jobs at the end of the last iteration
         self._lag_iteration: Optional[int] = None
         self._on_disk_through: Optional[int] = None
+        self._started = time.time()             # the ACL layout's {time} folder
+        self._tree_rank: Optional[int] = None
         if self.enabled:        # last: nothing after it can fail and leave the folder locked
-            self.dump_root, self._tree = open_rank_folder(config, self._start_rank())
+            self.dump_root, self._tree = self._open_folder(self._start_rank())
             _LIVE.add(self)
 
     @staticmethod
     def _check_supported(config: DumpConfig) -> None:
-        if config.op_debug_mode == 4:
-            raise ConfigError("common_dump_settings.op_debug_mode", config.op_debug_mode,
-                              "the exception dump (4) is not implemented in this version; use 0 or 3 (overflow)",
-                              config.source_file)
-        if config.file_format != "npy":
-            raise ConfigError("common_dump_settings.file_format", config.file_format,
-                              "only \"npy\" is implemented in this version", config.source_file)
-        if config.layout != "mindspore":
-            raise ConfigError("dump", config.layout,
-                              "the ACL/GE layout is not implemented in this version; use a MindSpore data_dump.json",
-                              config.source_file)
+        if config.file_format == "bin" and config.sample_mode:          # bin files hold whole tensors
+            raise ConfigError("e2e_dump_settings.sample_mode", config.sample_mode,
+                              'must be 0 with file_format "bin" (a sample dump writes .npy files)', config.source_file)
 
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> "Session":
@@ -244,11 +243,22 @@ class Session:
         self._forward_seen.clear()
         self._end_iteration(self.iteration)
         self.iteration += 1
+        self._stop_if_diverged()
+
+    def _stop_if_diverged(self) -> None:
+        """``stop_on_divergence``: raise the online compare's DivergenceStop at this iteration
+        boundary, once (README, "Online compare"); the iteration's files are complete."""
+        online = self.recorder.online
+        stop = online.take_stop() if online is not None and not self._closed else None
+        if stop is not None:
+            raise stop
 
     def _end_iteration(self, iteration: int) -> None:
         for hook in self._iteration_end_hooks:
             hook(iteration)
         self.recorder.flush_statistics()
+        if self.recorder.online is not None:
+            self.recorder.online.finish(iteration)
         self._bound_lag(iteration)
 
     def _bound_lag(self, iteration: int) -> None:
@@ -287,6 +297,7 @@ class Session:
                 self._forward_seen.clear()
                 self._end_iteration(self.iteration)
                 self.iteration += 1
+                self._stop_if_diverged()
             self._forward_seen.add(key)
 
     def note_graph_ran(self, graph_id: int) -> None:
@@ -338,8 +349,14 @@ class Session:
     def layout(self) -> Layout:
         if self._layout is None:
             tree = self._tree_for(self.rank)
-            self._layout = Layout(self.dump_root, self.rank, self.config.net_name, tree=tree,
-                                  on_error=self._write_failed, stopped=lambda w=self.writer: w.failed)
+            if self.config.layout == "acl":
+                self._layout = AclLayout(self.config, self.rank, tree, on_error=self._write_failed,
+                                         stopped=lambda w=self.writer: w.failed)
+                if self.config.model_filter:          # graphs dump_list's model_name entries select
+                    self.recorder.folder_filter = self._layout.folder_filter
+            else:
+                self._layout = Layout(self.dump_root, self.rank, self.config.net_name, tree=tree,
+                                      on_error=self._write_failed, stopped=lambda w=self.writer: w.failed)
             if tree.is_open:
                 self._manifest = Manifest(tree, os.path.join(self._layout.metadata_dir, fmt.MANIFEST_JSON))
                 self._write_metadata()
@@ -351,7 +368,7 @@ class Session:
         (a failure is a write error: dumping stops)."""
         tree = self._tree
         want = os.path.join(self.dump_root, fmt.rank_dir_name(rank))
-        if tree is not None and tree.path == want:
+        if tree is not None and (tree.path == want if self.config.layout != "acl" else self._tree_rank == rank):
             return tree
         if tree is not None:
             empty = tree.is_open and not tree.entries()
@@ -362,12 +379,20 @@ class Session:
                 except OSError:
                     pass
         try:
-            self.dump_root, self._tree = open_rank_folder(self.config, rank)
+            self.dump_root, self._tree = self._open_folder(rank)
         except (ConfigError, OSError) as exc:
             self._tree = DumpTree(want)             # closed: every write through it fails
             self._write_failed(exc if isinstance(exc, OSError) else OSError(str(exc)))
         _LIVE.add(self)
         return self._tree
+
+    def _open_folder(self, rank: int):
+        """(dump root, open locked rank folder) of ``rank``: ``{path}/rank_{r}``, or the ACL
+        layout's ``{dump_path}/[worldsize…/]{time}/{device_id}`` (:mod:`.write.acl_layout`)."""
+        self._tree_rank = rank
+        if self.config.layout == "acl":
+            return open_acl_folder(self.config, rank, self._started)
+        return open_rank_folder(self.config, rank)
 
     def _write_failed(self, exc: BaseException) -> None:
         """A write error met outside a writer job: reported by the writer (once), dumping stops."""
@@ -424,21 +449,15 @@ class Session:
 
     # ------------------------------------------------------------------ API sugar
     def backend(self, real: Union[str, Callable, None] = "inductor", **real_options):
-        """A ``torch.compile`` backend that dumps through this session.
-
-        Raises ConfigError with ``op_debug_mode`` 3: the overflow dump is eager-only."""
-        refuse_graph_overflow(self.config)
+        """A ``torch.compile`` backend that dumps through this session (with ``op_debug_mode`` 3,
+        dumped iterations run op by op under the overflow watch, README "Debug dumps")."""
         from .capture.graph.backend import backend as _backend
         return _backend(real, session=self, **real_options)
 
 
 def refuse_graph_overflow(config: DumpConfig) -> None:
-    """Graph mode (a ``torch.compile`` backend) with the overflow dump is refused: only the
-    eager capture watches operators for overflow (README, "Debug dumps")."""
-    if config.op_debug_mode == 3:
-        raise ConfigError("common_dump_settings.op_debug_mode", 3,
-                          "the overflow dump (3) is supported in eager mode only, not with torch.compile "
-                          "(graph mode); run the model eagerly or use 0", config.source_file)
+    """Nothing is refused any more: graph mode supports the overflow dump (``op_debug_mode``
+    3, README "Debug dumps").  Kept only while ``opdump.backend`` still calls it."""
 
 
 def _config_as_json(cfg: DumpConfig) -> dict:

@@ -76,6 +76,14 @@ def torch_compile_routed(session) -> Iterator[None]:
             torch.compile = original
 
 
+def _divergence_stop(exc: BaseException):
+    """``exc`` when it is the online compare's DivergenceStop (README, "Online compare"), else None."""
+    if "opdump.debug.online_compare" not in sys.modules:
+        return None
+    from ..debug.online_compare import DivergenceStop
+    return exc if isinstance(exc, DivergenceStop) else None
+
+
 def main_run(argv: List[str]) -> int:
     args = _parse(argv)
     from ..session import Session
@@ -105,6 +113,13 @@ def main_run(argv: List[str]) -> int:
             if code is not None and not isinstance(code, int):
                 print(code, file=sys.stderr)    # as Python does for sys.exit("message"): shown, status 1
             return code if isinstance(code, int) else (0 if code is None else 1)
+        except BaseException as exc:
+            stopped = _divergence_stop(exc)             # stop_on_divergence: a clean, early end
+            if stopped is None:
+                raise
+            print(f"opdump: {stopped}", file=sys.stderr)
+            from ..debug.online_compare import EXIT_DIVERGED
+            return EXIT_DIVERGED
         finally:
             if eager is not None:
                 eager.stop()

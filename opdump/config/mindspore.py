@@ -36,6 +36,7 @@ from . import validate as v
 from .errors import ConfigError
 from .iteration import parse_iteration
 from .model import DumpConfig
+from .reference import reference_dump
 from .rules import apply_rules
 
 COMMON = "common_dump_settings"
@@ -84,6 +85,9 @@ OPDUMP_FIELDS = {
     "compare_compiled": v.Field(v.boolean),
     # a rank folder that already holds a dump: refuse (default), write to {path}-N, or empty it first
     "existing": v.Field(v.choice("refuse", "new-folder", "overwrite")),
+    # online compare (README, "Online compare"): a dump of the same program to compare with as it runs
+    "reference": v.Field(reference_dump),
+    "stop_on_divergence": v.Field(v.boolean),
 }
 
 SECTIONS = {COMMON: COMMON_FIELDS, E2E: E2E_FIELDS, OPDUMP: OPDUMP_FIELDS}

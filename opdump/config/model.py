@@ -69,6 +69,8 @@ class DumpConfig:
     graph_dump: str = "operators"               # graph mode: operators (one by one) | kernels (inductor's, observed)
     compare_compiled: bool = False              # kernels mode: compare each kernel with the eager operator reference
     existing: str = "refuse"                    # a rank folder holding a dump: refuse | new-folder | overwrite
+    reference: Optional[str] = None             # online compare against this dump (README, "Online compare")
+    stop_on_divergence: bool = False            # online compare: stop the run at the first divergence
     # -- ACL / torchair dialect extras (README, "Other dialects"); the session refuses the ACL layout
     layout: str = "mindspore"                   # mindspore | acl
     dump_scene: str = ""                        # "" | "watcher"

@@ -18,6 +18,7 @@ from typing import Any, Dict, Mapping
 
 from .errors import ConfigError
 from .model import DumpConfig, IterationSpec
+from .reference import online_compare_rules
 
 DEFAULTS: Dict[str, Any] = {
     f.name: f.default for f in dataclasses.fields(DumpConfig) if f.default is not dataclasses.MISSING
@@ -37,9 +38,11 @@ def apply_rules(kw: Mapping[str, Any], names: Mapping[str, str]) -> Dict[str, An
         fail("saved_data", f'statistics need {names.get("file_format", "file_format")} "npy", not "bin"; '
                            'use saved_data "tensor" with "bin"')
     if op in (3, 4):
-        if d["saved_data"] != "tensor":
+        # overflow dump: saved_data decides files and/or statistic.csv rows of the overflowing
+        # operators (opdump goes beyond MindSpore here, README "Debug dumps")
+        if d["saved_data"] != "tensor" and op == 4:
             fail("saved_data", f'must be "tensor" when {names.get("op_debug_mode", "op_debug_mode")} is {op} '
-                               "(statistic dump needs op_debug_mode 0)")
+                               "(statistic dump needs op_debug_mode 0 or 3)")
         if d["sample_mode"] != 0:
             fail("sample_mode", f'must be 0 when {names.get("op_debug_mode", "op_debug_mode")} is {op} '
                                 "(sample dump needs op_debug_mode 0)")
@@ -48,6 +51,11 @@ def apply_rules(kw: Mapping[str, Any], names: Mapping[str, str]) -> Dict[str, An
                           f'{names.get("op_debug_mode", "op_debug_mode")} is 3: every operator is watched '
                           "for overflow (the kernels list is not used)", UserWarning, stacklevel=2)
         out["dump_mode"] = 0                      # overflow/exception dump ignores the kernel selection
+        if op == 3:
+            out["kernels"] = ()                   # ...and its entries: no "matched no operator" warning at close
+    if op == 3 and d.get("graph_dump") == "kernels":
+        fail("graph_dump", f'must be "operators" when {names.get("op_debug_mode", "op_debug_mode")} is 3 '
+                           "(the overflow watch judges operators run one by one, not fused kernels)")
     if op == 3 and d["input_output"] != 0:
         fail("input_output", f'must be 0 when {names.get("op_debug_mode", "op_debug_mode")} is 3 '
                              "(overflow dump saves inputs and outputs)")
@@ -64,6 +72,8 @@ def apply_rules(kw: Mapping[str, Any], names: Mapping[str, str]) -> Dict[str, An
         fail("kernels", f'must name at least one kernel when {names.get("dump_mode", "dump_mode")} is 1')
     if d.get("dump_scene") == "watcher":
         _watcher_rules(kw, d, out, names, fail)
+    if d.get("reference") or d.get("stop_on_divergence"):
+        online_compare_rules(d, names)
     return out
 
 

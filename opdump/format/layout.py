@@ -33,8 +33,15 @@ CONFIG_JSON = "config.json"            # versions and the normalised config
 MANIFEST_JSON = "manifest.json"        # opdump: complete, dumped iterations, files written
 #: in an iteration folder, with op_debug_mode 3: the operators that overflowed (README, "Debug dumps")
 OVERFLOW_JSON = "overflow.json"
+#: in an iteration folder, with op_debug_mode 4: the operators that raised, their arguments and
+#: repro scripts (README, "Debug dumps")
+EXCEPTION_JSON = "exception.json"
 #: in an iteration folder, in watcher mode: the watched outputs' changes and snapshots (README, "Debug dumps")
 WATCHER_JSON = "watcher.json"
+#: in an iteration folder, with opdump_settings.reference: that iteration's online compare (README, "Online compare")
+ONLINE_COMPARE_JSON = "online_compare.json"
+#: the same, one row per overflowing output (operator, source line, slot, NaN/+Inf/-Inf counts)
+OVERFLOW_CSV = "overflow.csv"
 
 #: the execution-order CSV's header line (one full name a line below it)
 EXECUTION_ORDER_HEADER = "NodeExecutionOrder-FullNameWithScope"

@@ -20,6 +20,7 @@ import torch
 from ..capture.op_info import OpInfo
 from ..format.dtypes import dtype_name
 from ..format.files import PARAMETER_TYPE, STATISTIC_FILE, parameter_file_name, tensor_file_name
+from ..write.bin_ops import BinOps
 from ..write.buffers import HostBuffers, HostCopy
 from ..write.dtypes import to_numpy
 from ..write.statistic_csv import StatisticCsv
@@ -57,6 +58,17 @@ class Recorder:
         self._launch = self.stats.device_adder() if session.device_statistics_only else None
         # ...and the native form of that path for CPU tensors, resolved at the first tensor
         self._sink = _UNRESOLVED if self._launch is not None else None
+        #: file_format "bin": one Ascend DumpData file per operator (opdump/write/bin_ops.py)
+        self.bin = BinOps(session, self.clock) if cfg.file_format == "bin" and cfg.dump_tensors else None
+        #: ACL layout with dump_list model_name entries: data folder -> what is dumped there
+        #: (opdump/write/acl_layout.py FolderFilter); None: no such filter
+        self.folder_filter: Optional[dict] = None
+        #: opdump_settings.reference: every tensor held until its verdict (README, "Online compare")
+        self.online = None
+        if cfg.reference and self.stats is not None:
+            from ..debug.online_compare import OnlineCompare
+            self.online = OnlineCompare(self)
+            self._launch, self._sink = None, None
 
     # ------------------------------------------------------------------ tensors
     def record_all(self, folder: str, op: OpInfo, io: str, tensors: Sequence[Optional[torch.Tensor]],
@@ -69,10 +81,19 @@ class Recorder:
         CPU tensors, rows and lookups are made by the native row sink in one call.
         Otherwise each tensor also gets its copy, file and host statistics (:meth:`_record`).
         """
+        if self.folder_filter is not None:
+            only = self.folder_filter.get(folder)
+            if only is not None and not only.op(op):
+                return
+        if self.bin is not None and files:
+            self.bin.record(folder, op, io, tensors)      # the files; statistics need "npy" (refused)
+            return
         launch = self._launch
         if launch is None:
             if not files and self.stats is None:
                 return                   # no file asked for this call, and no statistics at all
+            if self.online is not None:
+                self.online.make_room(io, tensors)
             for slot, t in enumerate(tensors):
                 if isinstance(t, torch.Tensor) and not self._unsupported(t):
                     self._record(folder, op.op_type, op.full_name, io, slot, t, op=op, files=files)
@@ -109,6 +130,14 @@ class Recorder:
             items = [(name, tensor) for name, tensor in items if selector.select_parameter(name)]
             if not items:
                 return
+        only = self.folder_filter.get(folder) if self.folder_filter is not None else None
+        if only is not None:
+            items = [(name, tensor) for name, tensor in items if only.parameter(name)]
+        if self.bin is not None:
+            for name, tensor in items:
+                if isinstance(tensor, torch.Tensor):
+                    self.bin.record_parameter(folder, name, tensor)
+            return
         sink = self._native_sink()
         if sink is not None:
             ts = self.clock(len(items))
@@ -149,6 +178,9 @@ class Recorder:
         tensors of diverging kernels only)."""
         cfg = self.config
         self.tensors_recorded += 1
+        if self.online is not None:      # a held copy, written only if its operator diverges
+            self.online.record(folder, op_type, op_name, io, slot, tensor, parameter, op)
+            return
         ts = self.clock()
         stream = stream_id_of(tensor) if tensor.is_cuda else 0
         dtype = dtype_name(tensor.dtype)
@@ -311,6 +343,10 @@ class Recorder:
 
     # ------------------------------------------------------------------ kernel args
     def record_kernel_args(self, folder: str, op: OpInfo) -> None:
+        if self.folder_filter is not None:
+            only = self.folder_filter.get(folder)
+            if only is not None and not only.op(op):
+                return
         key = (folder, op.full_name)
         if key in self._kernel_args_done:
             return
@@ -323,6 +359,8 @@ class Recorder:
     def flush_statistics(self) -> None:
         """End of a graph call / eager flush: collect device statistics (one sync), queue
         the statistic.csv rows, and forget which tensors were seen."""
+        if self.bin is not None:
+            self.bin.flush()
         with self._lock:
             self._seen.clear()
             if self.stats is None:
@@ -331,6 +369,8 @@ class Recorder:
             if not pending:
                 return
             device_cells = self.stats.device_gather()     # the one sync; formatting is left to the writer
+        if self.online is not None:                       # verdicts now; held copies written or dropped
+            self.online.judge(pending, device_cells)
         for folder, rows in pending.items():
             # the rows' text counts against the writer's byte budget: a writer that falls behind
             # (statistics-only sessions run it at the lowest priority) holds the training thread back

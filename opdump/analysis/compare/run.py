@@ -25,7 +25,7 @@ from .pool import default_workers, run_pairs
 from .result import RULE_FIRST_DIFFERENCE, RULE_THRESHOLDS, CompareResult
 from .verdict import Thresholds, judge_metrics, judge_pair
 
-__all__ = ["compare", "CompareError"]
+__all__ = ["compare", "CompareError", "tensors_of_records"]
 
 #: when fewer than this share of the operators of A, and of B, are matched, the result warns:
 #: different models? (one side mostly matched is a subset, e.g. a compiled model against the
@@ -76,6 +76,16 @@ def _tensors(dump: Dump, rank: Optional[int]) -> List[Tensor]:
         return []
     if rank is not None:
         rec = rec[rec["rank"] == rank]
+    return tensors_of_records(rec)
+
+
+def tensors_of_records(rec) -> List[Tensor]:
+    """:class:`Tensor` records of a records table (:meth:`Dump.records` rows, already in
+    execution order), shapes known (``.npy`` headers read once, kept in ``Tensor.layout``).
+    The online compare (:mod:`opdump.debug.online_compare`) reads its reference through this,
+    one iteration at a time, so both compares see the same records."""
+    if rec.empty:
+        return []
     rec = rec[rec["iteration"].notna() | (rec["kind"] == "constant")]
     out = []
     for r in _records(rec):
