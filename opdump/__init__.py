@@ -62,10 +62,6 @@ def session(config=None, **kwargs) -> "Session":
 def backend(real="inductor", *, session: "Session" = None, **real_options):
     """A ``torch.compile`` backend that dumps and otherwise runs ``real`` (default inductor)."""
     from .capture.graph.backend import backend as _backend
-    from .session import current_session, refuse_graph_overflow
-    held = session if session is not None else current_session(create=False)
-    if held is not None:
-        refuse_graph_overflow(held.config)      # the overflow dump is eager-only
     return _backend(real, session=session, **real_options)
 
 

@@ -455,11 +455,6 @@ class Session:
         return _backend(real, session=self, **real_options)
 
 
-def refuse_graph_overflow(config: DumpConfig) -> None:
-    """Nothing is refused any more: graph mode supports the overflow dump (``op_debug_mode``
-    3, README "Debug dumps").  Kept only while ``opdump.backend`` still calls it."""
-
-
 def _config_as_json(cfg: DumpConfig) -> dict:
     return {
         "common_dump_settings": {

@@ -96,7 +96,6 @@ def test_opdump_settings_beside_dump():
     ({"dump_path": "/o", "dump_list": [{"layer": ["a", "a"]}]}, "dump.dump_list[0].layer", "lists 'a' twice"),
     ({"dump_path": "/o", "dump_list": [{"watcher_nodes": ["C"]}]}, "dump.dump_list[0].watcher_nodes",
      'only used with "dump_scene": "watcher"'),
-    ({"dump_path": "/o", "dump_debug": "on", "dump_data": "stats"}, "dump.dump_data", 'when dump.dump_debug is "on"'),
     ({"dump_mode": "all"}, "dump.dump_path", "required"),
     ({"dump_path": ""}, "dump.dump_path", "required"),
     ({"dump_path": 3}, "dump.dump_path", "must be a string"),

@@ -109,8 +109,7 @@ def parse_acl(dump: Any, env: Mapping[str, str], extra: Mapping[str, Any] = ()) 
                 raise ConfigError(f"dump.dump_list[{i}].watcher_nodes", list(e["watcher_nodes"]),
                                   'only used with "dump_scene": "watcher"')
         if kw.get("op_debug_mode") == 3:
-            if kw.get("saved_data") == "statistic":
-                raise ConfigError("dump.dump_data", "stats", 'must be "tensor" when dump.dump_debug is "on"')
+            # dump_data "stats" is allowed: statistic.csv rows of the overflowing operators (README, Debug dumps)
             kw["input_output"] = 0                          # overflow dump saves inputs and outputs
         else:
             if entries and all(e.get("layer") for _, e in entries):

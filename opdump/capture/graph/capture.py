@@ -150,7 +150,12 @@ class GraphCapture:
             self.runtimes.append(runtime)
             write_graph_files(session.layout, gm, graph_id, kind, ops, params)
             tolerate_real_strides(gm)
-            instrument(gm, runtime, [n for n, _ in pairs], session.config.dump_inputs, session.config.dump_outputs)
+            if session.config.op_debug_mode == 3:     # overflow-only dump: every operator to the watch
+                from ...debug.overflow_graph import instrument_overflow, session_watch
+                instrument_overflow(gm, runtime, [n for n, _ in pairs], session_watch(session))
+            else:
+                instrument(gm, runtime, [n for n, _ in pairs], session.config.dump_inputs,
+                           session.config.dump_outputs)
             faults.check(f"compile:{kind}")
         except _DYNAMO_CONTROL:
             raise

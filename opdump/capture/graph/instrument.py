@@ -57,7 +57,8 @@ def uninstrument(gm: fx.GraphModule) -> fx.GraphModule:
     """Remove every tap node from ``gm`` and recompile it."""
     graph = gm.graph
     for node in list(graph.nodes):
-        if node.op == "call_function" and isinstance(getattr(node.target, "__self__", None), GraphRuntime):
+        owner = getattr(node.target, "__self__", None) if node.op == "call_function" else None
+        if isinstance(owner, GraphRuntime) or getattr(owner, "graph_tap", False):   # graph_tap: the overflow taps
             graph.erase_node(node)
     gm.recompile()
     return gm
