@@ -103,7 +103,9 @@ def decode_file(path: str, layout: str = "host",
                      f"saved as uint8")
             elif layout == "host":
                 array = _host(info, array, warn, where)
-            out.append((kind, info.index, np.ascontiguousarray(array)))
+            if not array.flags.c_contiguous:
+                array = array.copy(order="C")     # not ascontiguousarray: it makes a 0-d array 1-d
+            out.append((kind, info.index, array))
     return out
 
 
