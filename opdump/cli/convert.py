@@ -37,7 +37,7 @@ def cmd_convert(args) -> int:
     layout = "device" if args.layout == "device" else "host"
     try:
         report = convert(args.src, args.out, layout=layout, save=atomic_save_npy)
-    except (FileNotFoundError, NotADirectoryError, PermissionError) as exc:
+    except OSError as exc:                 # a missing path, an output folder it cannot create
         print(f"opdump convert: error: {exc}", file=sys.stderr)
         return 2
     for msg in report.warnings:

@@ -20,7 +20,10 @@ API (pure functions; the only I/O is reading the path given):
   ``formats`` / ``original_shapes`` / ``sub_formats`` are dicts keyed ``("input", i)`` /
   ``("output", i)``; formats are names (``"NC1HWC0"``, ``"FORMAT_ND"``) or enum values.
   Defaults: format ND, original shape = shape, sub_format 0.  ``timestamp`` goes to
-  ``dump_time`` (microseconds, as the toolchain writes it).
+  ``dump_time`` (microseconds, as the toolchain writes it).  A torch tensor ``t`` of a
+  dtype numpy lacks is passed as ``RawTensor(t.view(torch.int16).numpy(), "bfloat16",
+  tuple(t.shape))`` (1-byte types: ``torch.uint8``).  Empty tensors add no buffer; an
+  operator with more than ~1000 tensors exceeds ``os.writev``'s IOV_MAX in one call.
 * :func:`read_header` ``(path) -> BinDump`` -- op name, timestamp and one
   :class:`TensorInfo` per input/output (data_type, format, shape, original_shape, size,
   byte offset, sub_format), without reading tensor data.
