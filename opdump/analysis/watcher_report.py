@@ -54,6 +54,17 @@ def find_watcher_files(root: str) -> List[str]:
     return sorted(found, key=lambda p: [int(t) if t.isdigit() else -1 for t in p.split(os.sep)] + [p])
 
 
+def _timestamp(name: str, stem: str) -> int:
+    """The timestamp of an output file of the operator ``stem`` names (``.npy``:
+    ``{stem}.{task}.{stream}.{ts}.output.{slot}…``; Ascend bin: ``{stem}.{task}.{stream}.{ts}``,
+    which holds outputs only in watcher mode); -1 when it is not one."""
+    parsed = parse_tensor_name(name)
+    if parsed is not None:
+        return parsed.timestamp if parsed.io == "output" else -1
+    rest = name[len(stem):].split(".")
+    return int(rest[2]) if len(rest) == 3 and rest[2].isdigit() else -1
+
+
 def _snapshot_files(folder: str, snapshots: List[Dict[str, Any]], types: Dict[str, str]) -> List[List[str]]:
     names = sorted(os.listdir(folder))
     out = []
@@ -62,10 +73,7 @@ def _snapshot_files(folder: str, snapshots: List[Dict[str, Any]], types: Dict[st
         lo, hi = (snap.get("timestamps") or [0, 0])[:2]
         hits = []
         for name in names:
-            if not name.startswith(stem):
-                continue
-            parsed = parse_tensor_name(name)
-            if parsed is not None and parsed.io == "output" and lo < parsed.timestamp < hi:
+            if name.startswith(stem) and lo < _timestamp(name, stem) < hi:
                 hits.append(os.path.join(folder, name))
         out.append(hits)
     return out

@@ -65,10 +65,11 @@ def fingerprint(t) -> Optional[torch.Tensor]:
     kind = _INT_OF_SIZE.get(d.element_size())
     if kind is None:
         return None
-    bits = (d if d.dtype == kind else d.view(kind)).to(torch.int64)
-    first = bits.sum()
-    bits.mul_(bits)
-    return torch.stack((first, bits.sum()))
+    bits = d if d.dtype == kind else d.view(kind)
+    wide = bits.to(torch.int64, copy=True)     # a private copy (to() alone may return the tensor itself)
+    first = wide.sum()
+    wide.mul_(wide)
+    return torch.stack((first, wide.sum()))
 
 
 def _storage(t) -> Optional[int]:
@@ -128,6 +129,7 @@ class Watcher:
         self._snapshots: List[dict] = []
         self._broken = False
         self._warned_unmatched = False
+        self._ops = 0                            # operators seen this iteration
 
     # ------------------------------------------------------------------ per operator
     def _roles(self, op) -> tuple:
@@ -146,6 +148,7 @@ class Watcher:
         outputs (and dump them, the reference picture) if it is watched."""
         if self._broken:
             return
+        self._ops += 1
         try:
             watched, trigger = self._roles(op)
             if (trigger or watched) and self._held:
@@ -226,6 +229,9 @@ class Watcher:
         changes, self._changes = self._changes, []
         snapshots, self._snapshots = self._snapshots, []
         broken, self._broken = self._broken, False
+        ops, self._ops = self._ops, 0
+        if not ops and not broken:
+            return                               # no captured operator ran: nothing to report
         try:
             if not held and not self._warned_unmatched:
                 self._warned_unmatched = True
