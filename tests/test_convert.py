@@ -296,3 +296,14 @@ def test_long_names_are_mapped(tmp_path):
     lines = open(tmp_path / "out" / "mapping.csv", encoding="utf-8").read().splitlines()
     assert lines == [f"{mapped},{output_name(name, 'input', 0, (2,))}"]
     assert len(output_name(name, "input", 0, (2,)).encode()) > 255 >= len(name)   # the setup
+
+
+def test_slot_without_tensor_gets_no_file_and_no_warning(tmp_path):
+    """opdump's bin writer marks a None argument as DT_UNDEFINED with no bytes."""
+    path = str(tmp_path / "Op.o.1.2.3")
+    with open(path, "wb") as f:
+        f.write(b"".join(bytes(b) for b in ab.encode("o", [ab.RawTensor(b"", 0, ()), np.ones(2, np.float32)], [],
+                                                      timestamp=3)))
+    report = convert(path, str(tmp_path / "out"))
+    assert report.warnings == [] and report.errors == []
+    assert [os.path.basename(p) for p in report.written] == ["Op.o.1.2.3.input.1.2.npy"]

@@ -20,7 +20,9 @@ Guarantees:
   cannot convert (unknown, or an empty ``original_shape``) is saved as it is, with one
   warning per tensor.  ``layout="device"`` converts no format.
 * Values: bfloat16 and float8 as float32, int4 as int8, complex32 as complex64 (exact);
-  a dtype with no numpy equivalent keeps its bytes as uint8, with a warning.
+  a dtype with no numpy equivalent keeps its bytes as uint8, with a warning.  A slot
+  without a tensor (``DT_UNDEFINED``, no bytes: opdump's bin writer marks a ``None``
+  argument so) gets no file, as a ``None`` gets none in an ``.npy`` dump.
 * A malformed file (header beyond the file, sizes not adding up, bad protobuf, a size
   that does not match shape and dtype) is an error naming the file and the reason, and
   none of its ``.npy`` files is written: every tensor of a file is decoded before the
@@ -98,6 +100,8 @@ def decode_file(path: str, layout: str = "host",
     for kind in ab.KINDS:
         for info, array in zip(header.tensors(kind), arrays[kind]):
             where = f"{path} {kind} {info.index}"
+            if info.data_type == 0 and info.size == 0:
+                continue                          # DT_UNDEFINED, no bytes: a slot without a tensor
             if info.dtype is None:
                 warn(f"{where}: dtype {info.data_type_name} has no numpy equivalent; its {info.size} bytes "
                      f"saved as uint8")
