@@ -144,7 +144,7 @@ def cmd_ls(args) -> int:
         else:
             df = _select(d.tensors(), args, its)
             cols = ["rank", "graph", "iteration", "op", "io", "slot", "dtype", "shape", "nbytes"] + (
-                ["path"] if args.paths else [])
+                ["source"] if args.paths else [])      # source: the path, or {bin file}:{io}.{slot}
         if args.csv:
             df.to_csv(args.csv, index=False)
             print(f"wrote {len(df)} rows to {args.csv}")

@@ -62,7 +62,8 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["UnknownFormat", "to_host", "from_host", "device_shape", "cube_k", "KNOWN_FORMATS"]
+__all__ = ["UnknownFormat", "to_host", "from_host", "device_shape", "cube_k", "is_known", "KNOWN_FORMATS",
+           "HOST_FORMATS"]
 
 N0 = 16  # N block of FRACTAL_Z / H0 of FRACTAL_NZ (kCubeSize)
 
@@ -107,6 +108,8 @@ _PERMUTED = {
     "NDHWC": (0, 2, 3, 4, 1), "DHWCN": (2, 3, 4, 1, 0), "DHWNC": (2, 3, 4, 0, 1),
 }
 _IDENTITY = ("NCHW", "NCDHW", "ND", "NC", "NCL", "MD")
+#: formats whose device array already is the host tensor (reshaped only)
+HOST_FORMATS = _IDENTITY
 
 
 # --- blocked layouts --------------------------------------------------------------------
@@ -303,6 +306,14 @@ _BLOCKED: Dict[str, Callable[[int], _Layout]] = {
 }
 
 KNOWN_FORMATS = tuple(sorted(set(_BLOCKED) | set(_PERMUTED) | set(_IDENTITY)))
+
+
+def is_known(fmt: str) -> bool:
+    """Whether :func:`to_host` converts ``fmt`` (a name, with or without ``FORMAT_``)."""
+    try:
+        return _name(fmt) in KNOWN_FORMATS
+    except UnknownFormat:
+        return False
 
 
 def _layout(name: str, groups: int) -> _Layout:

@@ -13,7 +13,9 @@ from .containers import Graph, Iteration, Rank
 from .files import TensorFile, npy_header
 from .ops import OpInfo
 from .records import build_records
-from .scan import scan_acl_rank, scan_rank
+from . import bincache
+from .acl import scan_acl_rank
+from .scan import scan_rank
 
 __all__ = ["Dump", "Rank", "Graph", "Iteration"]
 
@@ -28,15 +30,15 @@ class Dump:
     """
 
     def __init__(self, path: os.PathLike, rank_dirs: List[Tuple[int, Path]], loose: bool = False,
-                 acl: Optional[Dict[int, List[Tuple[str, int, int, Path]]]] = None):
+                 acl: Optional[List[Tuple[int, Path]]] = None):
         self.path = Path(path)
         self.loose = loose
         self.layout = "acl" if acl else ("folder" if loose else "mindspore")
         self.ranks: Dict[int, Rank] = {}
         for rid, rp in rank_dirs:
             self.ranks[rid] = scan_rank(rid, rp, loose=loose)
-        for rid, entries in sorted((acl or {}).items()):
-            self.ranks[rid] = scan_acl_rank(rid, self.path, entries)
+        for rid, rp in acl or []:
+            self.ranks[rid] = scan_acl_rank(rid, rp)
         self._records = None
 
     # ------------------------------------------------------------------ objects
@@ -140,7 +142,9 @@ class Dump:
 
     def tensors(self, with_shape: bool = True):
         """One row per ``.npy`` file: rank, net, graph, iteration, op, op_type, kind, io, slot,
-        call, dtype, shape, format, nbytes, timestamp, task_id, stream_id, order, path."""
+        call, dtype, shape, format, nbytes, timestamp, task_id, stream_id, order, path, source
+        (where it is on disk: ``{bin file}:{io}.{slot}`` for a tensor of an Ascend bin file,
+        whose ``path`` is a temporary ``.npy``, see :mod:`.bincache`)."""
         import pandas as pd
         rec = self.records()
         df = rec[rec["path"].notna()].copy()
@@ -152,8 +156,9 @@ class Dump:
                 except (OSError, ValueError):
                     shapes.append(None)
             df["shape"] = ["(" + ",".join(str(x) for x in s) + ")" if s is not None else None for s in shapes]
+        df["source"] = [bincache.source(p) for p in df["path"]]
         cols = ["rank", "net", "graph", "iteration", "order", "op", "op_type", "kind", "io", "slot", "call",
-                "dtype", "shape", "format", "nbytes", "timestamp", "task_id", "stream_id", "path"]
+                "dtype", "shape", "format", "nbytes", "timestamp", "task_id", "stream_id", "path", "source"]
         return df[[c for c in cols if c in df.columns]].reset_index(drop=True)
 
     def summary(self):

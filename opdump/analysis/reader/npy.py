@@ -16,6 +16,8 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
+from . import bincache
+
 #: (shape, dtype, data offset, fortran order) of a ``.npy`` file
 Layout = Tuple[Tuple[int, ...], np.dtype, int, bool]
 
@@ -65,6 +67,7 @@ def _fast_header(raw: bytes) -> Optional[Tuple[Tuple[int, ...], bool, np.dtype, 
 
 def _read_header(path: str) -> Tuple[Layout, int]:
     """The header's layout and the file's size; ValueError when the header cannot be read."""
+    bincache.materialize(path)          # a tensor of an Ascend bin file: its .npy, written on first read
     fd = os.open(path, os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
@@ -97,6 +100,9 @@ def truncated(need: int, size: int, shape, dtype) -> ValueError:
 
 def npy_header(path: str) -> Tuple[Tuple[int, ...], np.dtype]:
     """(shape, dtype) of a ``.npy`` file from its header (the data is neither read nor checked)."""
+    known = bincache.host_header(path)  # a tensor of an Ascend bin file: from the bin header
+    if known is not None:
+        return known
     (shape, dtype, _offset, _fortran), _size = _read_header(path)
     return shape, dtype
 
@@ -122,6 +128,7 @@ def checked_header(path: str) -> Tuple[Tuple[int, ...], np.dtype, int]:
 
 def load_array(path: str, mmap: bool = True) -> np.ndarray:
     """``np.load`` without pickle, memory-mapped when possible (empty arrays cannot be)."""
+    bincache.materialize(path)
     if mmap:
         try:
             return np.load(path, mmap_mode="r", allow_pickle=False)

@@ -8,11 +8,12 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import List, Tuple
 
-from ...format.files import NPY, STATISTIC_FILE, is_raw_name
+from ...format.files import NPY, STATISTIC_FILE
 from ...format.layout import RANK_RE as _RANK_RE
-from ...format.layout import WORLD_RANK_RE as _WORLD_RE
+from .acl import find_acl_ranks
+from .bins import is_bin_name
 from .dump import Dump
 
 
@@ -21,7 +22,7 @@ class DumpError(Exception):
 
 
 def _is_dump_file(name: str) -> bool:
-    return name.endswith("." + NPY) or name == STATISTIC_FILE
+    return name.endswith("." + NPY) or name == STATISTIC_FILE or is_bin_name(name)
 
 
 def _find_rank_dirs(p: Path) -> Tuple[List[Tuple[int, Path]], bool]:
@@ -47,40 +48,10 @@ def _find_rank_dirs(p: Path) -> Tuple[List[Tuple[int, Path]], bool]:
     return [], False
 
 
-def _find_acl(p: Path, max_depth: int = 8) -> Dict[int, List[Tuple[str, int, int, Path]]]:
-    """The ACL/GE layout (docs/design.md, "Layout"):
-    ``{dump_path}/[worldsize{N}_global_rank{r}/]{time}/{device_id}/{model_name}/{model_id}/{iteration}/files``.
-    Returns rank -> [(model_name, model_id, iteration, folder)]; the rank is ``r`` of the
-    torchair folder, else the device id."""
-    out: Dict[int, List[Tuple[str, int, int, Path]]] = {}
-    base_depth = len(p.parts)
-    for dirpath, dirnames, filenames in os.walk(p):
-        depth = len(Path(dirpath).parts) - base_depth
-        if depth >= max_depth:
-            dirnames[:] = []
-        if not any(_is_dump_file(f) or is_raw_name(f) for f in filenames):
-            continue
-        parts = Path(dirpath).relative_to(p).parts
-        if len(parts) < 4:
-            continue
-        device, model, model_id, itn = parts[-4], parts[-3], parts[-2], parts[-1]
-        if not (device.isdigit() and model_id.isdigit() and itn.isdigit()):
-            continue
-        rank = int(device)
-        for q in parts:
-            m = _WORLD_RE.match(q)
-            if m:
-                rank = int(m.group(1))
-        out.setdefault(rank, []).append((model, int(model_id), int(itn), Path(dirpath)))
-    for v in out.values():
-        v.sort(key=lambda e: (e[1], e[2], e[0]))
-    return out
-
-
 def open_dump(path: os.PathLike) -> Dump:
     """Open a dump: its root (holding ``rank_*``), a ``rank_N`` folder, a folder inside a
     rank (the whole rank is read), a bare folder of dump files (read as rank 0, graph 0,
-    iteration 0), or an ACL/GE-layout dump whose tensors are ``.npy`` (converted) files."""
+    iteration 0), or an ACL/GE-layout dump (:mod:`.acl`; tensors in bin or ``.npy`` files)."""
     p = Path(path).expanduser()
     if not p.exists():
         raise DumpError(f"{p}: no such file or directory")
@@ -88,16 +59,18 @@ def open_dump(path: os.PathLike) -> Dump:
         raise DumpError(f"{p}: not a folder (give the dump root or a rank_N folder)")
     rank_dirs, loose = _find_rank_dirs(p.resolve())
     acl = None
-    if not rank_dirs:
-        acl = _find_acl(p.resolve())
-        if not acl:
+    if not rank_dirs or loose:          # the ACL/GE layout (acl.py) before a bare folder of files
+        acl = find_acl_ranks(p.resolve()) or None
+        if acl:
+            rank_dirs, loose = [], False
+        elif not rank_dirs:
             raise DumpError(f"{p}: not a dump (no rank_N folders, no ACL {{time}}/{{device}}/{{model}}/{{id}}/"
                             "{iteration} folders, no .npy files, no statistic.csv)")
     d = Dump(p, rank_dirs, loose=loose, acl=acl)
     raw = sum(len(it.raw_files) for r in d.ranks.values() for it in r.iterations)
     if raw:
-        warnings.warn(f"{p}: {raw} Ascend protobuf dump files are not converted to .npy and are not read "
-                      "(convert them with `opdump convert`)", stacklevel=2)
+        warnings.warn(f"{p}: {raw} Ascend protobuf (bin) dump files are malformed and not read "
+                      "(`opdump convert` names the reason)", stacklevel=2)
     if d.complete is False:
         warnings.warn(f"{p}: the dump is marked incomplete in its manifest (the run was interrupted "
                       "or is still running); reading what is there", stacklevel=2)

@@ -19,6 +19,7 @@ from ...format import layout as fl
 from ...format.listing import parse_graph_json
 from ...format.names import kind_of_name, op_type_of, sanitize, scope_of
 from .containers import Graph, Iteration, Rank
+from .bins import bin_tensor_files
 from .files import TensorFile
 from .ops import OpInfo
 from .sources import parse_ir
@@ -81,18 +82,6 @@ def scan_rank(rid: int, rp: Path, loose: bool = False) -> Rank:
                 it = Iteration(rid, net_e.name, gid, itn, Path(i_e.path))
                 scan_iteration(it)
                 rank.iterations.append(it)
-    finish_rank(rank)
-    return rank
-
-
-def scan_acl_rank(rid: int, root: Path, entries: List[Tuple[str, int, int, Path]]) -> Rank:
-    """A rank of the ACL/GE layout: ``(model_name, model_id, iteration, folder)`` entries."""
-    rank = Rank(rid, root)
-    for net, gid, itn, ip in entries:
-        rank.graphs.setdefault(gid, Graph(rid, gid))
-        it = Iteration(rid, net, gid, itn, ip)
-        scan_iteration(it)
-        rank.iterations.append(it)
     finish_rank(rank)
     return rank
 
@@ -211,8 +200,11 @@ def scan_iteration(it: Iteration) -> None:
                 it.kernel_args[op_name] = d
             continue
         if not name.endswith("." + ff.NPY):
-            if ff.is_raw_name(name):
-                it.raw_files.append(e.path)
+            bins = bin_tensor_files(it, e.path, mapping.get(name, name))    # Ascend bin file
+            if bins is not None:
+                files.extend(bins)
+            elif ff.is_raw_name(mapping.get(name, name)):
+                it.raw_files.append(e.path)                                 # unreadable bin file
             continue
         parsed = ff.resolve_mapped(name, mapping)
         if parsed is None:
