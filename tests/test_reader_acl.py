@@ -294,3 +294,87 @@ def test_compare_bin_dump_against_npy_dump(tmp_path):
     r = cli(tmp_path, "compare", str(tmp_path / "acl"), str(tmp_path / "ms2"))
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
     assert "MatMul-op2" in r.stdout
+
+
+# ---- a layout written by opdump's own writer (a real session, real torch) ------------
+
+@pytest.fixture(scope="module")
+def real_dumps(tmp_path_factory):
+    """The same tiny eager model, two steps, dumped once in the ACL layout (bin files, the
+    ACL JSON dialect) and once in the MindSpore layout (.npy); forward hooks capture each
+    Linear's output independently."""
+    import json
+
+    import torch
+
+    from conftest import write_config
+    from opdump.capture.eager import EagerCapture
+    from opdump.config.loader import load_config
+
+    tmp = tmp_path_factory.mktemp("real_acl")
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = torch.nn.Linear(4, 5)
+            self.fc2 = torch.nn.Linear(5, 3)
+
+        def forward(self, x):
+            return self.fc2(torch.relu(self.fc1(x)))
+
+    x = torch.linspace(-1, 1, 8).reshape(2, 4)
+
+    def run(cfg):
+        torch.manual_seed(0)
+        model = Tiny()
+        seen = {}
+        for name, mod in model.named_modules():
+            if isinstance(mod, torch.nn.Linear):
+                mod.register_forward_hook(lambda m, a, out, name=name: seen.__setitem__(name, out.detach().clone()))
+        with opdump.Session(cfg) as s, EagerCapture(s):
+            for _ in range(2):
+                model(x)
+                s.step()
+        return seen
+
+    (tmp / "acl").mkdir()
+    (tmp / "acl.json").write_text(json.dumps({"dump": {
+        "dump_list": [{"model_name": "graph_0"}], "dump_path": str(tmp / "acl"), "dump_mode": "all",
+        "dump_op_switch": "off", "dump_data": "tensor"}}))
+    seen = run(load_config(str(tmp / "acl.json")))
+    (tmp / "ms_cfg").mkdir()
+    run(load_config(write_config(tmp / "ms_cfg", common={"path": str(tmp / "ms")})))
+    return tmp, seen
+
+
+def test_real_writer_layout_reads_back(real_dumps):
+    tmp, seen = real_dumps
+    bins = [f for _, _, fs in os.walk(tmp / "acl") for f in fs if al.parse_bin_name(f)]
+    assert bins                                                    # the writer wrote bin files
+    d = opdump.load(tmp / "acl")
+    assert d.layout == "acl" and d.iterations == [0, 1]
+    rec = d.records()
+    assert rec["path"].notna().all()
+    # each Linear's addmm output, step 1, equals the forward hook's copy
+    for layer in ("fc1", "fc2"):
+        row = rec[(rec["iteration"] == 1) & rec["op"].str.contains(f"{layer}-Linear/addmm")
+                  & (rec["io"] == "output")]
+        assert len(row) == 1, rec["op"].unique()
+        np.testing.assert_array_equal(opdump.analysis.reader.load_array(row["path"].iloc[0]), seen[layer].numpy())
+    # every tensor equals the npy (MindSpore layout) dump's of the same run, by op name and slot
+    ms = opdump.load(tmp / "ms").records()
+    key = ["iteration", "op", "io", "slot", "call"]
+    assert sorted(map(tuple, rec[key].astype(str).values)) == sorted(map(tuple, ms[key].astype(str).values))
+    by_key = {tuple(map(str, k)): p for k, p in zip(ms[key].values, ms["path"])}
+    for k, p in zip(rec[key].values, rec["path"]):
+        a = opdump.analysis.reader.load_array(p)
+        b = opdump.analysis.reader.load_array(by_key[tuple(map(str, k))])
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a, b)
+
+
+def test_real_writer_compare_bin_against_npy(real_dumps):
+    tmp, _ = real_dumps
+    r = cli(tmp, "compare", str(tmp / "acl"), str(tmp / "ms"))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "tensors: pass" in r.stdout
