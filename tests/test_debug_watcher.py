@@ -344,3 +344,39 @@ def test_cli_watcher_and_ls(tmp_path):
     assert doc["first_change"] is None and len(doc["snapshot_files"]) == 1
     r = _cli("watcher", str(tmp_path / "nothing"))
     assert r.returncode == 2 and "no watcher.json" in r.stderr
+
+
+class Buf(nn.Module):
+    """A buffer read through a view, then scaled in place: the compiled graph writes it back
+    with a ``copy_`` at its end, overwriting what the view showed."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.register_buffer("acc", torch.ones(4))
+
+    def forward(self, x):
+        h = self.fc(x) + self.acc.view(1, 4)
+        self.acc.mul_(2)
+        return h
+
+
+def test_graph_mode_names_the_write_back(tmp_path):
+    """Graph mode (dumped iterations op by op): the watched ``view`` of a buffer is overwritten
+    by the graph's input-mutation ``copy_``; snapshots hold the buffer before and after."""
+    cfg = _ms_config(tmp_path, {"watcher_nodes": ["view"]}, common={"iteration": "1"})
+    model = Buf()
+    with opdump.Session(cfg) as session, torch.no_grad():
+        compiled = torch.compile(model, backend=session.backend("aot_eager"))
+        for _ in range(3):
+            compiled(torch.randn(2, 4))
+            session.step()
+    assert torch.equal(model.acc, torch.full((4,), 8.0)), "training values unchanged"
+    ((path, body),) = _reports(tmp_path / "dump").values()
+    first = body["first_change"]
+    assert body["iteration"] == 1 and first["watched"] == "Default/Buf/view-op2"
+    assert first["after"].startswith("Default/Buf/copy_-op") and first["witness"] == "write"
+    snaps = _snapshot_arrays(path, body, first["watched"])
+    assert [s["kind"] for s, _ in snaps] == ["own run", "change"]
+    np.testing.assert_array_equal(snaps[0][1], np.full((1, 4), 2.0, np.float32))      # acc at iteration 1
+    np.testing.assert_array_equal(snaps[1][1], np.full((1, 4), 4.0, np.float32))

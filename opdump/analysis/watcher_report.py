@@ -66,15 +66,19 @@ def _timestamp(name: str, stem: str) -> int:
 
 
 def _snapshot_files(folder: str, snapshots: List[Dict[str, Any]], types: Dict[str, str]) -> List[List[str]]:
-    names = sorted(os.listdir(folder))
+    listed: Dict[str, List[str]] = {}
     out = []
     for snap in snapshots:
+        where = os.path.normpath(os.path.join(folder, str(snap.get("folder") or ".")))
+        if where not in listed:
+            listed[where] = sorted(os.listdir(where)) if os.path.isdir(where) else []
+        names = listed[where]
         stem = file_stem(types.get(snap.get("watched", ""), ""), snap.get("watched", "")) + "."
         lo, hi = (snap.get("timestamps") or [0, 0])[:2]
         hits = []
         for name in names:
             if name.startswith(stem) and lo < _timestamp(name, stem) < hi:
-                hits.append(os.path.join(folder, name))
+                hits.append(os.path.join(where, name))
         out.append(hits)
     return out
 

@@ -35,6 +35,7 @@ are held until the iteration ends (memory: the watched outputs stay alive that l
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -95,10 +96,11 @@ def _source(op, lookup) -> tuple:
 class _Held:
     """A watched operator's outputs (references), their storages, versions and fingerprints."""
 
-    __slots__ = ("op", "tensors", "storages", "versions", "prints", "snapshots")
+    __slots__ = ("op", "tensors", "storages", "versions", "prints", "snapshots", "folder")
 
-    def __init__(self, op, tensors: Sequence):
+    def __init__(self, op, tensors: Sequence, folder: Optional[str]):
         self.op = op
+        self.folder = folder                     # its iteration folder (graph mode; None: the watcher's)
         self.tensors = [t if isinstance(t, torch.Tensor) else None for t in tensors]
         self.storages = [_storage(t) if t is not None else None for t in self.tensors]
         self.versions = [_version(t) if t is not None else -1 for t in self.tensors]
@@ -110,10 +112,13 @@ class Watcher:
     """Watches one eager capture's operators.  ``after(op, outputs, written)`` is called
     after each captured operator ran; ``finish(iteration)`` at each dumped iteration's end.
 
-    ``record(op, tensors)`` dumps ``tensors`` (None: nothing at that slot) as ``op``'s
-    outputs; ``recorder()`` is the session's recorder (its clock brackets a snapshot's files,
-    its ``forget`` drops a stale copy); ``folder()`` the iteration folder; ``layout()`` the
-    writer's layout; ``lookup(name)`` the listing entry of an operator (its source lines)."""
+    ``record(op, tensors, folder)`` dumps ``tensors`` (None: nothing at that slot) as ``op``'s
+    outputs into ``folder``; ``recorder()`` is the session's recorder (its clock brackets a
+    snapshot's files, its ``forget`` drops a stale copy); ``folder()`` the iteration folder
+    (graph mode passes each operator's own folder to :meth:`after`, and ``folder()`` is the
+    last one); ``layout()`` the writer's layout; ``lookup(name)`` the listing entry of an
+    operator (its source lines).  ``watcher.json`` goes to the folder of the first watched
+    operator of the iteration; snapshots in another folder name it relative to that one."""
 
     def __init__(self, config, record: Callable, recorder: Callable, folder: Callable[[], str],
                  layout: Callable, lookup: Callable):
@@ -143,7 +148,7 @@ class Watcher:
             roles = self._is[name] = (watched, trigger)
         return roles
 
-    def after(self, op, outputs: Sequence, written: Sequence) -> None:
+    def after(self, op, outputs: Sequence, written: Sequence, folder: Optional[str] = None) -> None:
         """``op`` ran: check the watched outputs if it is a trigger or watched; hold its
         outputs (and dump them, the reference picture) if it is watched."""
         if self._broken:
@@ -154,7 +159,7 @@ class Watcher:
             if (trigger or watched) and self._held:
                 self._check(op, written, full=self._triggers is not None and trigger)
             if watched:
-                held = self._held[op.full_name] = _Held(op, outputs)
+                held = self._held[op.full_name] = _Held(op, outputs, folder)
                 self._snapshot(held, op, "own run", list(range(len(held.tensors))))
         except Exception as exc:   # noqa: BLE001 - never into the training thread
             self._fail(exc)
@@ -208,14 +213,15 @@ class Watcher:
         for t in tensors:
             if t is not None:
                 recorder.forget(t)               # a copy taken before the write is stale
+        folder = held.folder or self._folder()
         lo = recorder.clock()
-        self._record(held.op, tensors)
+        self._record(held.op, tensors, folder)
         hi = recorder.clock()
         held.snapshots += 1
         self._snapshots.append({"watched": held.op.full_name, "kind": kind, "slots": slots,
                                 "after": op.full_name if op is not None else None,
                                 "after_order": op.index if op is not None else None,
-                                "timestamps": [lo, hi]})
+                                "timestamps": [lo, hi], "folder": folder})
 
     # ------------------------------------------------------------------ iteration end
     def finish(self, iteration: int) -> None:
@@ -248,8 +254,11 @@ class Watcher:
                     "watcher_nodes": list(self.nodes), "watched": watched,
                     "first_change": changes[0] if changes else None, "changes": changes,
                     "snapshots": snapshots}
+            target = next((h.folder for h in held.values() if h.folder), None) or self._folder()
+            for snap in snapshots:       # relative: the dump stays readable when moved
+                snap["folder"] = os.path.relpath(snap["folder"], target)
             layout = self._layout()
-            path = layout.place(self._folder(), WATCHER_JSON)
+            path = layout.place(target, WATCHER_JSON)
             layout.write_small(path, (json.dumps(body, indent=1) + "\n").encode())
         except Exception as exc:   # noqa: BLE001
             self._fail(exc)

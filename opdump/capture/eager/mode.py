@@ -316,9 +316,9 @@ class EagerCapture(OperatorPath):
         if outputs:
             recorder.record_all(folder, op, "output", self._on_allowed_devices(outputs))
 
-    def _record_watcher(self, op, outputs) -> None:
+    def _record_watcher(self, op, outputs, folder: str) -> None:
         """Record a watched operator's outputs (a snapshot of the watcher; None: not that slot)."""
-        self.session.recorder.record_all(self._folder(self._watched), op, "output", self._on_allowed_devices(outputs))
+        self.session.recorder.record_all(folder, op, "output", self._on_allowed_devices(outputs))
 
     # ------------------------------------------------------------------ hooks
     def _module_pre(self, module, args) -> None:

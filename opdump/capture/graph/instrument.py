@@ -29,6 +29,9 @@ from .runtime import GraphRuntime
 def instrument(gm: fx.GraphModule, runtime: GraphRuntime, nodes: Sequence[fx.Node],
                dump_inputs: bool, dump_outputs: bool) -> fx.GraphModule:
     """Insert the taps for ``nodes`` (aligned with ``runtime.ops``) and recompile ``gm``."""
+    if runtime.session.config.dump_scene == "watcher":     # watcher mode: every operator to the watcher
+        from ...debug.watcher_graph import instrument_watcher
+        return instrument_watcher(gm, runtime, nodes)
     graph = gm.graph
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     first_real = next(n for n in graph.nodes if n.op != "placeholder")
