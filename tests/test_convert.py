@@ -307,3 +307,37 @@ def test_slot_without_tensor_gets_no_file_and_no_warning(tmp_path):
     report = convert(path, str(tmp_path / "out"))
     assert report.warnings == [] and report.errors == []
     assert [os.path.basename(p) for p in report.written] == ["Op.o.1.2.3.input.1.2.npy"]
+
+
+def test_bin_dump_of_a_run_converts_to_the_npy_dump_of_the_same_run(tmp_path):
+    """One seeded bfloat16 model dumped twice (eager sessions in one real process), file_format
+    bin and npy: every converted tensor equals the .npy dump's, bit for bit (bf16 -> float32
+    on both sides), and the None slot of convolution_backward is absent from both."""
+    script = tmp_path / "t.py"
+    script.write_text("import sys, torch, opdump\nfrom opdump.capture.eager import EagerCapture\n"
+                      "for cfg in sys.argv[1:]:\n"
+                      "    torch.manual_seed(0)\n"
+                      "    m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU()).to(torch.bfloat16)\n"
+                      "    x = torch.randn(1, 3, 6, 6, dtype=torch.bfloat16)\n"
+                      "    with opdump.Session(cfg) as session, EagerCapture(session):\n"
+                      "        m(x).sum().backward()\n")
+    trees, cfgs = {}, []
+    for fmt in ("bin", "npy"):
+        cfg = tmp_path / f"{fmt}.json"
+        cfg.write_text('{"common_dump_settings": {"dump_mode": 0, "path": "%s", "net_name": "Net", '
+                       '"iteration": "0", "saved_data": "tensor", "input_output": 0, "kernels": [], '
+                       '"support_device": [0], "file_format": "%s"}}' % (tmp_path / fmt, fmt))
+        cfgs.append(str(cfg))
+    subprocess.run([sys.executable, str(script), *cfgs], check=True, cwd=ROOT, timeout=300)   # both runs, one process
+    proc = run_cli("-d", str(tmp_path / "bin"), "-out", str(tmp_path / "conv"))
+    assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stderr
+    for root in ("conv", "npy"):
+        trees[root] = {}
+        for rel, path in npys(tmp_path / root).items():
+            if rel.endswith(".npy"):
+                t = os.path.basename(rel).split(".")           # op_type, op_name, task, stream, ts, io, slot
+                trees[root][(t[0], t[1], t[5], t[6])] = np.load(path)
+    assert len(trees["conv"]) >= 20 and trees["conv"].keys() == trees["npy"].keys()
+    for key, a in trees["conv"].items():
+        b = trees["npy"][key]
+        assert a.dtype == b.dtype == np.float32 and a.shape == b.shape and np.array_equal(a, b), key
