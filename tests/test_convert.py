@@ -341,3 +341,14 @@ def test_bin_dump_of_a_run_converts_to_the_npy_dump_of_the_same_run(tmp_path):
     for key, a in trees["conv"].items():
         b = trees["npy"][key]
         assert a.dtype == b.dtype == np.float32 and a.shape == b.shape and np.array_equal(a, b), key
+
+
+def test_convert_does_not_import_torch(tmp_path):
+    """Like the analysis commands, `opdump convert` starts without torch (seconds saved)."""
+    path = toolchain_file(str(tmp_path / "Add.a.1.2.3"), "a",
+                          [(pb.DT_BF16, pb.FORMAT_ND, np.zeros(2, np.uint16), (2,), 0)], [])
+    code = ("import sys\nfrom opdump.cli.main import main\n"
+            f"rc = main(['convert', '-d', {path!r}, '-out', {str(tmp_path / 'o')!r}])\n"
+            "print('RESULT', rc, 'torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert "RESULT 0 False" in out.stdout, out.stdout + out.stderr
