@@ -10,6 +10,10 @@ A file is::
                  space[..], each exactly its ``size`` field long
     and nothing else: 8 + H + the sizes == the file's size
 
+Unlike most of :mod:`opdump.format` this module needs numpy (it returns arrays) and,
+when used, protobuf (``dump_data_pb2``); ``opdump.format`` itself imports neither, so the
+rest of opdump starts without them.
+
 API (pure functions; the only I/O is reading the path given):
 
 * :func:`encode` ``(op_name, inputs, outputs, *, timestamp, formats=None,
