@@ -378,3 +378,23 @@ def test_real_writer_compare_bin_against_npy(real_dumps):
     r = cli(tmp, "compare", str(tmp / "acl"), str(tmp / "ms"))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "tensors: pass" in r.stdout
+
+
+def test_absent_slot_plain_layout_and_int4(tmp_path):
+    """A None argument (DT_UNDEFINED, no bytes) has no record; a plain NHWC tensor is read as
+    dumped (format NHWC, like `opdump convert`); int4 is read as int8 values."""
+    folder = tmp_path / "dump" / "20261123120000" / "0" / "graph_0" / "0" / "0"
+    folder.mkdir(parents=True)
+    nhwc = np.arange(2 * 3 * 4 * 5, dtype=np.float32).reshape(2, 3, 4, 5)
+    q = np.array([-8, -1, 0, 3, 7], np.int8)
+    ins = [ascend_bin.RawTensor(nhwc, "float32", nhwc.shape, "NHWC"), ascend_bin.RawTensor(b"", 0, ())]
+    outs = [ascend_bin.RawTensor(ascend_bin.pack_int4(q), "int4", q.shape)]
+    with open(folder / al.bin_file_name("Quant", "Default/Quant-op1", 0, 0, TS), "wb") as f:
+        f.write(b"".join(bytes(b) for b in ascend_bin.encode("Default/Quant-op1", ins, outs, timestamp=TS)))
+    rec = opdump.load(tmp_path / "dump").records()
+    assert [(r.io, r.slot, r.format, r.dtype) for r in rec.itertuples()] == [
+        ("input", 0, "NHWC", "Float32"), ("output", 0, "DefaultFormat", "Int4")]
+    np.testing.assert_array_equal(opdump.analysis.reader.load_array(rec["path"].iloc[0]), nhwc)
+    out = opdump.analysis.reader.load_array(rec["path"].iloc[1])
+    assert out.dtype == np.int8
+    np.testing.assert_array_equal(out, q)

@@ -1,17 +1,17 @@
 """Tensors of Ascend ``bin`` dump files, read as the ``.npy`` files the rest of the analysis
-reads (README, "Reading dumps").
+reads (README, "Analysis").
 
 Why a cache: one bin file holds every input and output of an operator, in the device
 format the kernel used (NC1HWC0, FRACTAL_NZ, ...) and the device's dtype encoding (bf16 as
 2 bytes, int4 two to a byte). Compare, watch, overflow and triage stream tensors out of
 ``.npy`` files by path (:mod:`.npy`); rather than teach each of them a second file format,
 a bin tensor gets a path of its own, a ``.npy`` in a per-process temporary folder, written
-(whole, temp + rename) the first time anything reads it: values decoded by
-:func:`opdump.format.ascend_bin.load` (bfloat16/float8 -> float32, int4 -> int8, as the
-``.npy`` writer stores them), device formats turned into NCHW / NCDHW / ND with padding
-removed by :func:`opdump.format.device_formats.to_host`. A format that module does not
-know is kept as the device array, with a warning. Listing a dump converts nothing:
-:func:`host_header` answers shape and dtype from the bin header.
+(whole, temp + rename) the first time anything reads it. The values are exactly what
+``opdump convert`` saves (:func:`opdump.analysis.convert.decode_file`, the one decoder:
+bfloat16/float8 -> float32, int4 -> int8, device formats to NCHW / NCDHW / ND with padding
+removed, plain layouts and formats it cannot convert kept as dumped, with a warning).
+All tensors of a file are written when the first is read (one read of the file). Listing
+a dump converts nothing: :func:`host_header` answers shape and dtype from the bin header.
 
 Guarantees: the dump folder is never written; the temporary folder is removed when the
 process exits; a malformed file raises :class:`~opdump.format.ascend_bin.BinFormatError`
@@ -26,12 +26,13 @@ import tempfile
 import threading
 import warnings
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
 from ...format import ascend_bin, ascend_dtypes
-from ...format.device_formats import HOST_FORMATS, UnknownFormat, is_known, to_host
+from ...format.device_formats import HOST_FORMATS, is_known
+from ..convert import PLAIN_FORMATS, decode_file
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class BinTensor:
 
 
 _ENTRIES: Dict[str, BinTensor] = {}
+_BY_FILE: Dict[str, List[str]] = {}      # bin file -> its registered cache paths
 _LOCK = threading.Lock()
 _DIR: Optional[str] = None
 _COUNT = 0
@@ -58,40 +60,51 @@ def _cache_dir() -> str:
     return _DIR
 
 
+def is_absent(info: ascend_bin.TensorInfo) -> bool:
+    """A slot without a tensor (``DT_UNDEFINED``, no bytes: how opdump's bin writer marks a
+    ``None`` argument); it has no record, as in an ``.npy`` dump."""
+    return info.data_type == 0 and info.size == 0
+
+
 def stored_dtype(info: ascend_bin.TensorInfo) -> np.dtype:
-    """The numpy dtype :func:`ascend_bin.load` gives this tensor (uint8 for unknown dtypes)."""
+    """The numpy dtype the tensor is read as (uint8 for dtypes numpy has no equivalent for)."""
     name = info.dtype
     if name is None:
         return np.dtype(np.uint8)
     return ascend_dtypes.decode(np.zeros(0, np.uint8), name, 0).dtype
 
 
+def converted(info: ascend_bin.TensorInfo) -> bool:
+    """Whether the tensor is turned from a device format into its host layout."""
+    fmt = info.format_name
+    return (info.dtype is not None and fmt not in PLAIN_FORMATS and bool(info.original_shape)
+            and is_known(fmt))
+
+
 def in_host_layout(info: ascend_bin.TensorInfo) -> bool:
-    """Whether the tensor is read in its host layout (converted, or dumped in a host format)."""
-    if info.dtype is None or not is_known(info.format_name):
-        return False
-    return bool(info.original_shape) or info.format_name in HOST_FORMATS
+    """Converted, or dumped in a host layout (ND, NCHW, NCDHW, ...): the records' format is
+    then ``DefaultFormat``; otherwise the format's own name (NHWC, an unconverted one)."""
+    return info.dtype is not None and (converted(info) or info.format_name in HOST_FORMATS)
 
 
 def host_shape(info: ascend_bin.TensorInfo) -> Tuple[int, ...]:
-    """The shape the converted tensor has: the header's ``original_shape`` when the format is
-    one :mod:`~opdump.format.device_formats` converts and it is given, else the device shape
-    (as msaccucmp does for an empty host shape); raw bytes of an unknown dtype: ``(size,)``."""
+    """The shape the tensor is read with: ``original_shape`` when converted, else the
+    dumped shape; ``(size,)`` for the raw bytes of a dtype numpy has no equivalent for."""
     if info.dtype is None:
         return (info.size,)
-    if info.original_shape and is_known(info.format_name):
-        return tuple(info.original_shape)
-    return tuple(info.shape)
+    return tuple(info.original_shape) if converted(info) else tuple(info.shape)
 
 
 def register(bin_path: str, info: ascend_bin.TensorInfo) -> str:
     """The ``.npy`` path this tensor is read under (nothing is written yet)."""
     global _COUNT
+    bin_path = os.fspath(bin_path)
     with _LOCK:
         _COUNT += 1
         base = os.path.basename(bin_path)[:150]
         path = os.path.join(_cache_dir(), f"{_COUNT:07d}.{base}.{info.kind}.{info.index}.npy")
-        _ENTRIES[path] = BinTensor(os.fspath(bin_path), info, host_shape(info), stored_dtype(info))
+        _ENTRIES[path] = BinTensor(bin_path, info, host_shape(info), stored_dtype(info))
+        _BY_FILE.setdefault(bin_path, []).append(path)
     return path
 
 
@@ -113,36 +126,29 @@ def host_header(path: str) -> Optional[Tuple[Tuple[int, ...], np.dtype]]:
     return (e.shape, e.dtype) if e is not None else None
 
 
-def host_array(bin_path: str, info: ascend_bin.TensorInfo) -> np.ndarray:
-    """The tensor in its host layout (module docstring)."""
-    raw = info.dtype is None
-    a = ascend_bin.load(bin_path, info.kind, info.index, raw=raw)
-    if raw:
-        warnings.warn(f"{bin_path}: {info.kind} {info.index} has dtype {info.data_type_name}, which opdump "
-                      "cannot decode: its bytes are read as uint8", stacklevel=3)
-        return a
-    if not info.original_shape:
-        return a
-    try:
-        return to_host(a, info.format_name, info.original_shape, info.groups)
-    except UnknownFormat:
-        warnings.warn(f"{bin_path}: {info.kind} {info.index} is in device format {info.format_name}, which "
-                      "opdump does not convert: read in its device layout", stacklevel=3)
-        return a
-    except ValueError as e:
-        raise ascend_bin.BinFormatError(bin_path, f"{info.kind} {info.index}: {e}") from None
+def _save(path: str, a: np.ndarray) -> None:
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    with open(tmp, "wb") as f:
+        np.save(f, a, allow_pickle=False)
+    os.replace(tmp, path)
 
 
 def materialize(path: str) -> None:
-    """Write the ``.npy`` of a registered bin tensor if it is not there yet (no-op for other paths)."""
+    """Write the ``.npy`` files of the bin file behind ``path`` if they are not there yet
+    (no-op for any other path)."""
     e = entry(path)
     if e is None or os.path.exists(path):
         return
     with _LOCK:
         if os.path.exists(path):
             return
-        a = np.ascontiguousarray(host_array(e.bin_path, e.info))
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
-            np.save(f, a, allow_pickle=False)
-        os.replace(tmp, path)
+        arrays = {(kind, i): a for kind, i, a in decode_file(e.bin_path, "host", warn=_warn)}
+        for p in _BY_FILE.get(e.bin_path, []):
+            pe = _ENTRIES[p]
+            a = arrays.get((pe.info.kind, pe.info.index))
+            if a is not None and not os.path.exists(p):
+                _save(p, a)
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, stacklevel=4)

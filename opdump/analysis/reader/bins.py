@@ -41,6 +41,8 @@ def bin_tensor_files(it, path: str, name: str) -> Optional[List[TensorFile]]:
         kind = "constant" if it.iteration is None else "parameter"
     out = []
     for info in header.inputs + header.outputs:
+        if bincache.is_absent(info):
+            continue
         torch_name = info.dtype
         dtype = dtype_name(torch_name) if torch_name else info.data_type_name
         fmt = DEFAULT_FORMAT if bincache.in_host_layout(info) else info.format_name
