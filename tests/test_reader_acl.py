@@ -398,3 +398,13 @@ def test_absent_slot_plain_layout_and_int4(tmp_path):
     out = opdump.analysis.reader.load_array(rec["path"].iloc[1])
     assert out.dtype == np.int8
     np.testing.assert_array_equal(out, q)
+
+
+def test_locate_names_the_bin_files(tmp_path):
+    ops = model_tensors()
+    rank_folder = acl_dump(str(tmp_path / "dump"), ops)
+    r = cli(tmp_path, "locate", str(tmp_path / "dump"), "MatMul-op2")
+    assert r.returncode == 0, r.stderr
+    name = al.bin_file_name("MatMul", "Default/network/MatMul-op2", 0, 0, TS + 1)
+    assert f"{name}:input.1" in r.stdout and os.path.join(rank_folder, "graph_0", "0", "0") in r.stdout
+    assert "opdump-bin-" not in r.stdout                       # never the temporary .npy

@@ -203,7 +203,8 @@ def cmd_locate(args) -> int:
             for fr in o.sources:
                 print(f"      at {fr.file}:{fr.line}  {fr.code}")
         for it in sorted(h.files, key=lambda x: (x is None, x if x is not None else 0)):
-            paths = h.files[it]
+            from opdump.analysis.reader.bincache import source     # a bin tensor: {bin file}:{io}.{i}
+            paths = [source(p) for p in h.files[it]]
             label = "constants" if it is None else f"iteration {it}"
             if args.files:
                 print(f"    {label}:")

@@ -1,4 +1,4 @@
-"""Finding and scanning a dump in the ACL/GE layout (README, "Reading dumps"):
+"""Finding and scanning a dump in the ACL/GE layout (README, "Analysis"):
 ``{dump_path}/[worldsize{N}_global_rank{r}/]{time}/{device_id}/`` is a rank folder, below
 it ``{model_name}/{model_id}/{data_index}/`` data folders as the MindSpore layout's
 ``{net}/{graph}/{iteration}`` (scanned by :func:`.scan.scan_rank`), or, in single-operator

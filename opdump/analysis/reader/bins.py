@@ -1,5 +1,5 @@
 """The records of one Ascend ``bin`` dump file: one :class:`~.files.TensorFile` per input and
-output (README, "Reading dumps").
+output (README, "Analysis").
 
 A bin file is named ``{op_type}.{op_name}.{task_id}.{stream_id}.{timestamp}``
 (:func:`opdump.format.acl_layout.parse_bin_name`; a mapped name is looked up in
