@@ -183,11 +183,6 @@ def test_training_unchanged(tmp_path):
         assert _overflow_json(tmp_path / "dump", it)["overflows"] == []
 
 
-def test_exception_dump_still_refused(tmp_path):
-    with pytest.raises(ConfigError, match="not implemented"):
-        opdump.Session(write_config(tmp_path, common={"op_debug_mode": 4, "input_output": 1}))
-
-
 def test_dump_mode_1_kernels_ignored_with_warning(tmp_path):
     with pytest.warns(UserWarning, match="dump_mode 1 is ignored"):
         cfg = opdump.load_config(write_config(tmp_path, common={"op_debug_mode": 3, "dump_mode": 1,

@@ -120,6 +120,9 @@ def cmd_ls(args) -> int:
             state += describe(r.manifest, str(r.path))
         print(f"rank {rid}: {who or 'no config.json'}; saved_data={saved or '?'}; {state}; "
               f"graphs {sorted(r.graphs)}")
+        from opdump.debug.exception_records import describe, exception_records   # op_debug_mode 4
+        for record in exception_records(str(r.path)):
+            print(f"  {describe(record)}")
     if not (args.ops or args.tensors or args.stats):
         from opdump.analysis.watcher_report import ls_lines      # watcher mode's findings, one line per iteration
         for line in ls_lines(args.path):

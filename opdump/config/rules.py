@@ -63,6 +63,19 @@ def apply_rules(kw: Mapping[str, Any], names: Mapping[str, str]) -> Dict[str, An
         if d["input_output"] == 2:
             fail("input_output", f'must be 1 (or 0) when {names.get("op_debug_mode", "op_debug_mode")} is 4 '
                                  "(exception dump saves only inputs)")
+        if d.get("graph_dump") == "kernels":
+            fail("graph_dump", f'must be "operators" when {names.get("op_debug_mode", "op_debug_mode")} is 4 '
+                               "(the operator that raised is found on the operator-by-operator path; "
+                               "inductor's fused kernels have no operator to name)")
+        given = kw.get("iteration")
+        if given is not None and not getattr(given, "all", True):
+            warnings.warn(f'opdump: {names.get("iteration", "iteration")} "{given}" is ignored when '
+                          f'{names.get("op_debug_mode", "op_debug_mode")} is 4: every iteration is watched '
+                          "for operator exceptions", UserWarning, stacklevel=2)
+        if d["dump_mode"] == 1:
+            warnings.warn(f'opdump: {names.get("dump_mode", "dump_mode")} 1 is ignored when '
+                          f'{names.get("op_debug_mode", "op_debug_mode")} is 4: every operator is watched '
+                          "for exceptions (the kernels list is not used)", UserWarning, stacklevel=2)
         out["input_output"] = 1
         out["iteration"] = IterationSpec(all=True)
     if d.get("compare_compiled") and d.get("graph_dump") != "kernels":

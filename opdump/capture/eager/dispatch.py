@@ -127,6 +127,10 @@ class OperatorPath:
         state.n = index + 1
         op_type, overload = facts.types
         op = OpInfo(index, op_type, scope, overload, ids, sources)
+        if self._exception is not None:         # op_debug_mode 4: no listing, nothing recorded
+            if phase <= Phase.MODULE:
+                state.seq.setdefault(_get_sequence_nr() - 1, (scope, ids, sources))
+            return self._run_guarded(op, func, args, kwargs)
         name = op.full_name
         listed = self.listing.ops.get(name)
         describe = listed is None
@@ -245,6 +249,18 @@ class OperatorPath:
             self._describe(op, args, kwargs, inputs, outputs)
             self.listing.add(op)
         return out
+
+    def _run_guarded(self, op: OpInfo, func, args, kwargs):
+        """``op_debug_mode`` 4: run the operator; if it raises, hand it to the exception dump
+        (:mod:`opdump.debug.exception`: inputs, exception.json, repro script, written before
+        this returns) and re-raise the very same exception."""
+        try:
+            return func(*args, **kwargs)
+        except Exception as exc:
+            if not op.source:
+                op.source = walk(1, True)[1]        # the stack as it is now: the user's line
+            self._exception.record(op, func, args, kwargs, exc, self.graph_id, op.source)
+            raise
 
     def _on_allowed_devices(self, tensors: List[Optional[torch.Tensor]]) -> List[Optional[torch.Tensor]]:
         """``tensors``, with None in the slots of tensors on devices ``support_device`` excludes."""

@@ -61,6 +61,11 @@ Decisions (README-ready):
 * **Overflow dump** (``op_debug_mode`` 3): operators go to :mod:`opdump.debug.overflow`
   instead of being recorded; only those that overflow are recorded (inputs and outputs),
   parameters are not dumped, and each dumped iteration gets an ``overflow.json``.
+* **Exception dump** (``op_debug_mode`` 4): every iteration, every operator of the thread
+  runs inside ``try`` (:meth:`OperatorPath._run_guarded`); nothing is recorded or written
+  (no listing, no order, no parameters) unless one raises: then
+  :mod:`opdump.debug.exception` saves its inputs, ``exception.json`` and a repro script, and
+  the same exception propagates.
 * **Watcher mode** (``dump_scene`` "watcher"): operators go to :mod:`opdump.debug.watcher`;
   only watched outputs are recorded (when their operator ran, and when they changed),
   parameters are not dumped, and each dumped iteration gets a ``watcher.json``.
@@ -100,7 +105,9 @@ class EagerCapture(OperatorPath):
         self.session = session
         cfg = session.config
         self.config = cfg
-        self.capture_all = cfg.eager_capture == "all"
+        # op_debug_mode 4 watches every operator of the thread (a loss function called as a plain
+        # function raises as often as a module does)
+        self.capture_all = cfg.eager_capture == "all" or cfg.op_debug_mode == 4
         if isinstance(root_modules, torch.nn.Module):
             root_modules = [root_modules]
         self._root_list = None if root_modules is None else list(root_modules)
@@ -136,6 +143,10 @@ class EagerCapture(OperatorPath):
             self._overflow = OverflowWatch(cfg.overflow_number, self._record_overflow,
                                            lambda: self._folder(self._watched), lambda: session.layout)
         self._watched: Optional[IterationState] = None
+        # op_debug_mode 4: operators run inside try; one that raises goes to the exception dump
+        self._exception = session.exception_dump
+        if self._exception is not None:
+            self._dumped_any = True     # no iteration is "first": no stack kept per operator
         # watcher mode (dump_scene "watcher"): operators go to the watcher, which dumps watched outputs
         self._watcher = None
         if cfg.dump_scene == "watcher":
@@ -268,7 +279,7 @@ class EagerCapture(OperatorPath):
             if self._watcher is not None:
                 self._watched = state
                 self._watcher.finish(state.number)
-            if state.n:
+            if state.n and self._exception is None:      # exception dump: nothing unless one raised
                 self._dumped_any = True
                 self._write_files(state)
             session.recorder.flush_statistics()
@@ -384,7 +395,8 @@ class EagerCapture(OperatorPath):
                     index_parameters(state, module, frame.root)
                     if not is_compiled_wrapper(module):
                         dumped = parameters_to_dump(session, state, self.listing, module)
-                        if dumped and self._overflow is None and self._watcher is None:   # debug dumps: operators only
+                        if (dumped and self._overflow is None and self._watcher is None
+                                and self._exception is None):       # debug dumps: operators only
                             session.recorder.record_parameters(self._folder(state), dumped)
                 finally:
                     self._internal -= 1

@@ -37,6 +37,7 @@ import torch
 import torch.fx as fx
 from torch._dynamo.exc import RestartAnalysis, SkipFrame
 
+from ...debug.exception import compiled_call_failed, guard_operators, was_dumped
 from . import faults
 from .frames import frame_key, root_class
 from .inputs import input_names, lifted_constants, param_positions
@@ -148,11 +149,14 @@ class GraphCapture:
             params = param_positions(gm, self.names) if kind != "backward" else []
             runtime = GraphRuntime(self, session, graph_id, kind, ops, params, lifted_constants(gm))
             self.runtimes.append(runtime)
-            write_graph_files(session.layout, gm, graph_id, kind, ops, params)
+            if session.exception_dump is None:        # exception dump: nothing written unless one raises
+                write_graph_files(session.layout, gm, graph_id, kind, ops, params)
             tolerate_real_strides(gm)
             if session.config.op_debug_mode == 3:     # overflow-only dump: every operator to the watch
                 from ...debug.overflow_graph import instrument_overflow, session_watch
                 instrument_overflow(gm, runtime, [n for n, _ in pairs], session_watch(session))
+            elif session.exception_dump is not None:  # exception dump: every operator inside try
+                guard_operators(gm, runtime, [n for n, _ in pairs])
             else:
                 instrument(gm, runtime, [n for n, _ in pairs], session.config.dump_inputs,
                            session.config.dump_outputs)
@@ -179,8 +183,12 @@ class GraphCapture:
                         faults.check("dumped call")
                         return dump_fn(*args)
                     except Exception as exc:  # noqa: BLE001 - run again on the fallback path below
+                        if was_dumped(exc):
+                            raise                 # an operator raised (op_debug_mode 4): the user's error
                         capture.fail(exc, "a dumped call")
                 session.note_graph_ran(fid)
+                if session.exception_dump is not None:
+                    return capture.fallback_naming_errors(*args)
             elif not capture.failed and capture.real_fn is None:
                 return dump_fn(*args)                     # the session closed: the taps are inert
             return capture.fallback(*args)
@@ -192,6 +200,15 @@ class GraphCapture:
         if self.real_fn is not None:
             return self.real_fn(*args)
         return self.gm(*args)
+
+    def fallback_naming_errors(self, *args):
+        """op_debug_mode 4, a call off the operator-by-operator path: an exception from the
+        compiled code gets one warning naming this graph (README, "Debug dumps")."""
+        try:
+            return self.fallback(*args)
+        except Exception as exc:
+            compiled_call_failed(self, exc)
+            raise
 
     # ------------------------------------------------------------------ failure and close
     def describe(self) -> str:

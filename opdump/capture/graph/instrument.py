@@ -63,5 +63,7 @@ def uninstrument(gm: fx.GraphModule) -> fx.GraphModule:
         owner = getattr(node.target, "__self__", None) if node.op == "call_function" else None
         if isinstance(owner, GraphRuntime) or getattr(owner, "graph_tap", False):   # graph_tap: the overflow taps
             graph.erase_node(node)
+        elif owner is None and hasattr(node.target, "opdump_target"):  # an exception-dump guard
+            node.target = node.target.opdump_target
     gm.recompile()
     return gm
