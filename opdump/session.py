@@ -466,5 +466,7 @@ def _config_as_json(cfg: DumpConfig) -> dict:
         "e2e_dump_settings": {"enable": cfg.enable, "trans_flag": cfg.trans_flag,
                               "stat_calc_mode": cfg.stat_calc_mode,
                               "sample_mode": cfg.sample_mode, "sample_num": cfg.sample_num,
-                              "save_kernel_args": cfg.save_kernel_args},
+                              "save_kernel_args": cfg.save_kernel_args,
+                              **({"watcher": {"layer": list(cfg.watcher_layer), "watcher_nodes": list(cfg.watcher_nodes)}}
+                                 if cfg.dump_scene == "watcher" else {})},
     }

@@ -380,3 +380,19 @@ def test_graph_mode_names_the_write_back(tmp_path):
     assert [s["kind"] for s, _ in snaps] == ["own run", "change"]
     np.testing.assert_array_equal(snaps[0][1], np.full((1, 4), 2.0, np.float32))      # acc at iteration 1
     np.testing.assert_array_equal(snaps[1][1], np.full((1, 4), 4.0, np.float32))
+
+
+@pytest.mark.parametrize("stat_calc_mode", ["host", "device"])
+def test_statistic_snapshots_are_rows_of_the_values_then(tmp_path, stat_calc_mode):
+    """saved_data "statistic": each snapshot is a statistic.csv row of the values at that moment
+    (device statistics are launched when the snapshot is taken, not at the flush)."""
+    cfg = write_config(tmp_path, common={"input_output": 2, "iteration": "0", "saved_data": "statistic"},
+                       e2e={"watcher": {"watcher_nodes": ["relu"]}, "stat_calc_mode": stat_calc_mode})
+    _, seen = _run(cfg, steps=1)
+    (path, body), = _reports(tmp_path / "dump").values()
+    assert body["first_change"]["after_type"] == "mul_"
+    rows = open(os.path.join(os.path.dirname(path), "statistic.csv")).read().splitlines()[1:]
+    assert len(rows) == 2 and all(r.startswith("relu,Default/Net/act-ReLU/relu-op2,") for r in rows)
+    maxima = [float(r.split('"')[2].split(",")[1]) for r in rows]
+    expected = [seen["relu"][0].max().item(), seen["after_corrupt"][0].max().item()]
+    assert maxima == pytest.approx(expected, rel=1e-6) and maxima[0] != maxima[1]
