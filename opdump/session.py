@@ -467,6 +467,7 @@ def _config_as_json(cfg: DumpConfig) -> dict:
                               "stat_calc_mode": cfg.stat_calc_mode,
                               "sample_mode": cfg.sample_mode, "sample_num": cfg.sample_num,
                               "save_kernel_args": cfg.save_kernel_args,
-                              **({"watcher": {"layer": list(cfg.watcher_layer), "watcher_nodes": list(cfg.watcher_nodes)}}
+                              **({"watcher": {"watcher_nodes": list(cfg.watcher_nodes),
+                                              **({"layer": list(cfg.watcher_layer)} if cfg.watcher_layer else {})}}
                                  if cfg.dump_scene == "watcher" else {})},
     }

@@ -396,3 +396,14 @@ def test_statistic_snapshots_are_rows_of_the_values_then(tmp_path, stat_calc_mod
     maxima = [float(r.split('"')[2].split(",")[1]) for r in rows]
     expected = [seen["relu"][0].max().item(), seen["after_corrupt"][0].max().item()]
     assert maxima == pytest.approx(expected, rel=1e-6) and maxima[0] != maxima[1]
+
+
+@pytest.mark.parametrize("watcher", [{"watcher_nodes": ["relu"]}, {"watcher_nodes": ["relu"], "layer": ["mul_"]}])
+def test_written_data_dump_json_loads_back(tmp_path, watcher):
+    """A config given as an object: the data_dump.json the session writes is the same watcher config."""
+    cfg = load_config_dict({"common_dump_settings": {"path": str(tmp_path / "dump"), "iteration": "0"},
+                            "e2e_dump_settings": {"watcher": watcher}})
+    _run(cfg, steps=1)
+    back = load_config(str(tmp_path / "dump" / "rank_0" / ".dump_metadata" / "data_dump.json"))
+    for field in ("dump_scene", "watcher_layer", "watcher_nodes", "input_output"):
+        assert getattr(back, field) == getattr(cfg, field), field
