@@ -342,6 +342,11 @@ def real_dumps(tmp_path_factory):
         "dump_list": [{"model_name": "graph_0"}], "dump_path": str(tmp / "acl"), "dump_mode": "all",
         "dump_op_switch": "off", "dump_data": "tensor"}}))
     seen = run(load_config(str(tmp / "acl.json")))
+    (tmp / "acl_stats").mkdir()
+    (tmp / "stats.json").write_text(json.dumps({"dump": {
+        "dump_list": [{"model_name": "graph_0"}], "dump_path": str(tmp / "acl_stats"), "dump_mode": "all",
+        "dump_op_switch": "off", "dump_data": "stats"}}))
+    run(load_config(str(tmp / "stats.json")))
     (tmp / "ms_cfg").mkdir()
     run(load_config(write_config(tmp / "ms_cfg", common={"path": str(tmp / "ms")})))
     return tmp, seen
@@ -408,3 +413,18 @@ def test_locate_names_the_bin_files(tmp_path):
     name = al.bin_file_name("MatMul", "Default/network/MatMul-op2", 0, 0, TS + 1)
     assert f"{name}:input.1" in r.stdout and os.path.join(rank_folder, "graph_0", "0", "0") in r.stdout
     assert "opdump-bin-" not in r.stdout                       # never the temporary .npy
+
+
+def test_real_writer_statistics_read_back(real_dumps):
+    """dump_data "stats": statistic.csv in the ACL data folders, one row per tensor the
+    tensor dump holds, its max equal to the tensor's."""
+    tmp, _ = real_dumps
+    st = opdump.load(tmp / "acl_stats").statistics()
+    rec = opdump.load(tmp / "acl").records()
+    key = ["iteration", "op", "io", "slot", "call"]
+    assert sorted(map(tuple, st[key].astype(str).values)) == sorted(map(tuple, rec[key].astype(str).values))
+    paths = {tuple(map(str, k)): p for k, p in zip(rec[key].values, rec["path"])}
+    for k, mx in zip(st[key].values, st["max"]):
+        a = opdump.analysis.reader.load_array(paths[tuple(map(str, k))])
+        if a.size and a.dtype.kind == "f":
+            assert float(mx) == pytest.approx(float(a.max()), rel=1e-6)
