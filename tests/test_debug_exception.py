@@ -304,6 +304,24 @@ def test_graph_exception_dumped_and_unchanged(graph_run):
     assert done.returncode == 1 and _last_line(done.stderr) == f"IndexError: {plain}", done.stderr
 
 
+def test_graph_call_off_the_operator_path_names_the_graph(tmp_path):
+    """A graph whose dump path failed runs compiled: an operator error inside it cannot be
+    dumped, and one warning names the graph; the user's exception is unchanged."""
+    from opdump.capture.graph import faults
+    cfg = write_config(tmp_path, common={"op_debug_mode": 4})
+    model = Net()
+    bad = torch.tensor([12])
+    plain = _plain_error(lambda: model(bad))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with opdump.Session(cfg) as session, faults.inject("compile:forward"):
+            got = _caught(lambda: torch.compile(model, backend=session.backend("eager"))(bad))
+    _same_exception(got, plain)
+    said = [str(w.message) for w in seen if "IndexError raised inside" in str(w.message)]
+    assert len(said) == 1 and "the graph of Net" in said[0] and "dump path failed earlier" in said[0], said
+    assert _records(tmp_path / "dump") == []
+
+
 # --------------------------------------------------------------------------- opdump run, ls, config
 _SCRIPT = textwrap.dedent("""
     import sys, torch
