@@ -42,6 +42,8 @@ class CompareResult:
     warnings: List[str] = field(default_factory=list)
     front_end_a: List[str] = field(default_factory=list)      # one side only because of the front end
     front_end_b: List[str] = field(default_factory=list)      # (compare.frontend), not unmatched
+    kernel_only_a: List[str] = field(default_factory=list)    # kernel dump (compare.kernels): temporaries,
+    kernel_only_b: List[str] = field(default_factory=list)    # operators with no kernel buffer; not unmatched
 
     @property
     def counts(self) -> Dict[str, int]:
@@ -74,6 +76,7 @@ class CompareResult:
                 "nondeterministic_before": self.nondeterministic_before,
                 "unmatched_a": self.unmatched_a, "unmatched_b": self.unmatched_b,
                 "front_end_a": self.front_end_a, "front_end_b": self.front_end_b,
+                "kernel_only_a": self.kernel_only_a, "kernel_only_b": self.kernel_only_b,
                 "unreadable": [{"path": p, "reason": r} for p, r in self.unreadable],
                 "warnings": self.warnings}
 
@@ -117,6 +120,10 @@ class CompareResult:
         if self.front_end_a or self.front_end_b:
             lines.append(f"front-end operators (not unmatched: one front end runs them, e.g. functionalization "
                          f"copies, graph inputs): {len(self.front_end_a)} only in A, {len(self.front_end_b)} only in B")
+        if self.kernel_only_a or self.kernel_only_b:
+            lines.append(f"kernel dump (not unmatched: kernel temporaries holding no operator output, operators "
+                         f"computed inside a kernel or as views, operator inputs): {len(self.kernel_only_a)} only in A, "
+                         f"{len(self.kernel_only_b)} only in B")
         if self.unreadable:
             lines.append(f"unreadable files: {len(self.unreadable)} (not compared)")
             lines += [f"  {p}: {r}" for p, r in self.unreadable[:10]]

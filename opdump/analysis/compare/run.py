@@ -20,6 +20,7 @@ from .first import calls_in_order, first_difference, first_divergence
 from .mapping import load_mapping
 from .frontend import RULE_FRONT_END
 from .match import default_matchers, match
+from .kernels import KERNEL_RULES, with_kernels
 from .pairs import TABLE_COLUMNS, Pair, Tensor
 from .pool import default_workers, run_pairs
 from .result import RULE_FIRST_DIFFERENCE, RULE_THRESHOLDS, CompareResult
@@ -210,7 +211,7 @@ def compare(a: Union[str, os.PathLike, Dump], b: Union[str, os.PathLike, Dump], 
     if isinstance(mapping, (str, os.PathLike)):
         mapping = load_mapping(mapping)
     if matchers is None:
-        matchers = default_matchers(mapping)
+        matchers = with_kernels(default_matchers(mapping), da, db)     # a kernel dump: buffers -> operators
     if workers is None:
         workers = default_workers()
     if rank_b is not None and rank is None:
@@ -286,11 +287,15 @@ def _result(da, db, pairs: List[Pair], rank_pairs, it_pairs, thresholds, pd) -> 
     unreadable: Dict[str, str] = {}
     front_a: Dict[str, None] = {}
     front_b: Dict[str, None] = {}
+    kernel_a: Dict[str, None] = {}                 # left on one side by a kernel dump (.kernels)
+    kernel_b: Dict[str, None] = {}
     for p in pairs:
         if p.a is not None and p.b is None:
-            (front_a if p.rule == RULE_FRONT_END else unmatched_a).setdefault(p.a.op, None)
+            (front_a if p.rule == RULE_FRONT_END else kernel_a if p.rule in KERNEL_RULES
+             else unmatched_a).setdefault(p.a.op, None)
         elif p.b is not None and p.a is None:
-            (front_b if p.rule == RULE_FRONT_END else unmatched_b).setdefault(p.b.op, None)
+            (front_b if p.rule == RULE_FRONT_END else kernel_b if p.rule in KERNEL_RULES
+             else unmatched_b).setdefault(p.b.op, None)
         else:
             matched_by[p.rule] = matched_by.get(p.rule, 0) + 1
         for t in (p.a, p.b):
@@ -323,4 +328,6 @@ def _result(da, db, pairs: List[Pair], rank_pairs, it_pairs, thresholds, pd) -> 
                          thresholds, it_pairs, (rank_pairs[0] if len(rank_pairs) == 1 else (None, None)),
                          matched_by=matched_by, operators=ops, unreadable=sorted(unreadable.items()),
                          warnings=warnings, front_end_a=[o for o in front_a if o not in unmatched_a],
-                         front_end_b=[o for o in front_b if o not in unmatched_b])
+                         front_end_b=[o for o in front_b if o not in unmatched_b],
+                         kernel_only_a=[o for o in kernel_a if o not in unmatched_a],
+                         kernel_only_b=[o for o in kernel_b if o not in unmatched_b])

@@ -40,6 +40,8 @@ class Graph:
     iterations_run: List[int] = field(default_factory=list)
     ir_path: Optional[Path] = None
     json_path: Optional[Path] = None
+    #: kernel-level graph dump: ``….kernels.json`` (kernels, their output buffers, the operators they store)
+    kernels_path: Optional[Path] = None
     #: listed operators that no execution order names (MindSpore's Return, MakeTuple…)
     unordered: Dict[str, OpInfo] = field(default_factory=dict, repr=False)
 

@@ -94,6 +94,20 @@ class Dump:
             o = idx.get((rank, None, name))
         return o
 
+    def kernel_listings(self, rank: int) -> Dict[int, dict]:
+        """Kernel-level graph dump (README, "Kernel-level graph dump"): graph id -> its
+        ``….kernels.json`` (each kernel's output buffers and the operators they store) for
+        the graphs of ``rank`` that have one; ``{}`` for an operator or eager dump.  An
+        unreadable listing is left out (its kernels then compare as plain operators)."""
+        from .scan import read_json
+        r = self.ranks.get(rank)
+        out: Dict[int, dict] = {}
+        for gid, g in (r.graphs.items() if r is not None else ()):
+            doc = read_json(g.kernels_path) if g.kernels_path is not None else None
+            if doc and isinstance(doc.get("kernels"), list):
+                out[gid] = doc
+        return out
+
     def tensor_files(self, rank: Optional[int] = None, iteration: Optional[int] = None) -> List[TensorFile]:
         """Every tensor file (optionally of one rank / iteration), folder by folder, each
         folder's in timestamp order: ``dump.tensor_files()[0].load()``."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -90,12 +91,20 @@ def _iteration_key(e) -> tuple:
     return (not e.name.isdigit(), int(e.name) if e.name.isdigit() else 0, e.name)
 
 
+#: ``graphs/ms_output_trace_code_graph_{g}.kernels.json`` of a kernel-level graph dump (README,
+#: "Kernel-level graph dump"): per kernel its output buffers and the operators they store
+KERNELS_FILE_RE = re.compile(r"^ms_output_trace_code_graph_(\d+)\.kernels\.json$")
+
+
 def _scan_graph_files(rank: Rank, gdir: Path) -> None:
     if not gdir.is_dir():
         return
     for e in _by_name(os.scandir(gdir)):
         m = fl.GRAPH_FILE_RE.match(e.name)
         if not m:
+            k = KERNELS_FILE_RE.match(e.name)        # graph_dump "kernels": kernel -> buffers -> operators
+            if k:
+                rank.graphs.setdefault(int(k.group(1)), Graph(rank.rank_id, int(k.group(1)))).kernels_path = Path(e.path)
             continue
         g = rank.graphs.setdefault(int(m.group(1)), Graph(rank.rank_id, int(m.group(1))))
         if m.group(2) == "json":

@@ -154,8 +154,23 @@ class Buffers:
         layout = self.layouts.get(name) if name else None
         return {"buffer": expression, "node": node, "stores": instance.full_name if instance else None,
                 "stores_occurrence": instance.occurrence if instance else None,
+                "stores_output": _leaves_operator(node, origins, lowered) if instance else None,
                 "shape": list(layout[0]) if layout else None,
                 "dtype": dtype_name(layout[1]) if layout else None}
+
+
+def _leaves_operator(node_name: str, origins: Origins, lowered: fx.GraphModule) -> Optional[bool]:
+    """Does the value of ``node_name`` leave its operator instance (used by another operator,
+    saved for backward or returned: an output of the operator) or is it a temporary of the
+    operator's decomposition (only its own pieces read it)?  None: cannot be told."""
+    node = next((n for n in lowered.graph.nodes if n.name == node_name), None)
+    own = origins.by_node.get(node_name)
+    if node is None or own is None:
+        return None
+    for user in node.users:
+        if user.op == "output" or origins.by_node.get(user.name, -1) != own:
+            return True
+    return False
 
 
 def kernel_ops(calls: List[KernelCall], provenance: Dict[str, List[str]], origins: Origins,
