@@ -195,6 +195,38 @@ def test_eager_repro_script_reraises(eager_run, which):
         assert "opdump" not in "".join(ln for ln in f if ln.startswith(("import", "from")))
 
 
+class _BadGrad(torch.autograd.Function):
+    """Its backward reshapes the gradient to a wrong size: an operator raising in autograd's backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.view(7, 7)                                 # LINE_BACKWARD
+
+
+class Block(nn.Module):
+    def forward(self, x):
+        return _BadGrad.apply(x)
+
+
+def test_eager_backward_operator_dumped(tmp_path):
+    cfg = write_config(tmp_path, common={"op_debug_mode": 4})
+    x = torch.randn(3, 4, requires_grad=True)
+    plain = _plain_error(lambda: Block()(x).sum().backward())
+    with opdump.Session(cfg) as session, EagerCapture(session):
+        got = _caught(lambda: Block()(x).sum().backward())
+    _same_exception(got, plain)
+    (rec,) = _records(tmp_path / "dump")
+    assert rec["op_type"] == "view" and rec["op"].startswith("Gradients/Default/Block/view-op")
+    assert rec["source"] == f"{THIS}:{_line('LINE_BACKWARD')}"
+    assert rec["non_tensor_args"] == {"size": [7, 7]}
+    done = _repro(rec)
+    assert done.returncode == 1 and _last_line(done.stderr) == f"RuntimeError: {plain}", done.stderr
+
+
 def test_nothing_written_without_exception(tmp_path):
     cfg = write_config(tmp_path, common={"op_debug_mode": 4})
     model = Net()

@@ -113,24 +113,13 @@ class OperatorPath:
             compiled, sources = walk(2, first)      # (this frame and the mode's skipped)
             if compiled:
                 return func(*args, **kwargs)
-        if phase is Phase.MODULE:
-            top = self.tracker.stack[-1]
-            scope, ids = top.scope, top.ids
-        elif phase is Phase.BACKWARD:
-            scope, ids, forward_sources = self._backward_scope(state, node)
-            sources = forward_sources or sources
-        elif phase is Phase.OPTIMIZER:
-            scope, ids = f"Default/optimizer-{self._optimizers[-1]}", ()
-        else:
-            scope, ids = TOP[0], TOP[1]
+        if self._exception is not None:         # op_debug_mode 4: named only if it raises
+            return self._run_guarded(state, phase, node, facts, sources, func, args, kwargs)
+        scope, ids, sources = self._scope(state, phase, node, sources)
         index = state.n
         state.n = index + 1
         op_type, overload = facts.types
         op = OpInfo(index, op_type, scope, overload, ids, sources)
-        if self._exception is not None:         # op_debug_mode 4: no listing, nothing recorded
-            if phase <= Phase.MODULE:
-                state.seq.setdefault(_get_sequence_nr() - 1, (scope, ids, sources))
-            return self._run_guarded(op, func, args, kwargs)
         name = op.full_name
         listed = self.listing.ops.get(name)
         describe = listed is None
@@ -250,17 +239,38 @@ class OperatorPath:
             self.listing.add(op)
         return out
 
-    def _run_guarded(self, op: OpInfo, func, args, kwargs):
-        """``op_debug_mode`` 4: run the operator; if it raises, hand it to the exception dump
-        (:mod:`opdump.debug.exception`: inputs, exception.json, repro script, written before
-        this returns) and re-raise the very same exception."""
+    def _run_guarded(self, state: IterationState, phase: Phase, node, facts, sources, func, args, kwargs):
+        """``op_debug_mode`` 4: run the operator; only if it raises is it named (as a mode-0
+        dump names it) and handed to the exception dump (:mod:`opdump.debug.exception`:
+        inputs, exception.json, repro script, written before this returns); then the very
+        same exception is re-raised."""
+        index = state.n
+        state.n = index + 1
+        if phase is Phase.MODULE:           # what a backward operator's scope is looked up from
+            top = self.tracker.stack[-1]
+            state.seq.setdefault(_get_sequence_nr() - 1, (top.scope, top.ids, sources))
+        elif phase is Phase.OUTSIDE:
+            state.seq.setdefault(_get_sequence_nr() - 1, (TOP[0], TOP[1], sources))
         try:
             return func(*args, **kwargs)
         except Exception as exc:
-            if not op.source:
-                op.source = walk(1, True)[1]        # the stack as it is now: the user's line
+            scope, ids, sources = self._scope(state, phase, node, sources)
+            op = OpInfo(index, facts.types[0], scope, facts.types[1], ids,
+                        sources or walk(1, True)[1])    # the stack as it is now: the user's line
             self._exception.record(op, func, args, kwargs, exc, self.graph_id, op.source)
             raise
+
+    def _scope(self, state: IterationState, phase: Phase, node, sources) -> Tuple[str, Tuple[str, ...], Tuple]:
+        """(scope, module ids, source lines) of an operator running in ``phase``."""
+        if phase is Phase.MODULE:
+            top = self.tracker.stack[-1]
+            return top.scope, top.ids, sources
+        if phase is Phase.BACKWARD:
+            scope, ids, forward_sources = self._backward_scope(state, node)
+            return scope, ids, forward_sources or sources
+        if phase is Phase.OPTIMIZER:
+            return f"Default/optimizer-{self._optimizers[-1]}", (), sources
+        return TOP[0], TOP[1], sources
 
     def _on_allowed_devices(self, tensors: List[Optional[torch.Tensor]]) -> List[Optional[torch.Tensor]]:
         """``tensors``, with None in the slots of tensors on devices ``support_device`` excludes."""
