@@ -57,7 +57,8 @@ def instrument(gm: fx.GraphModule, runtime: GraphRuntime, nodes: Sequence[fx.Nod
 
 
 def uninstrument(gm: fx.GraphModule) -> fx.GraphModule:
-    """Remove every tap node from ``gm`` and recompile it."""
+    """Remove every tap node from ``gm``, point exception-dump guards back at their operators,
+    and recompile it."""
     graph = gm.graph
     for node in list(graph.nodes):
         owner = getattr(node.target, "__self__", None) if node.op == "call_function" else None
