@@ -9,6 +9,7 @@ difference, table) reads named fields, so no stage depends on another's private 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..common import base_op_type
@@ -30,6 +31,7 @@ TABLE_COLUMNS = [
     "dtype_a", "dtype_b", "shape_a", "shape_b", "source", "path_a", "path_b",
 ]
 
+#: TABLE_COLUMNS with the metrics' places (Pair.table_values lists them in this order)
 METRIC_COLUMNS = ("cosine", "max_abs_err", "max_rel_err", "mean_abs_err", "rmse", "euclidean", "within_1e-3",
                   "within_5e-3", "nonfinite_mismatch", "stat_max_rel_diff")
 
@@ -62,48 +64,51 @@ class Tensor:
     problem: Optional[str] = None                # the file could not be read: why
     layout: Optional[tuple] = None               # reader.npy.npy_layout of the file: its header, parsed once
 
-    # -- the record's fields by name
-    @property
+    # -- the record's fields by name.  The fields that identify the tensor are read from the
+    # record once (cached: matching reads them millions of times on a 100,000-row compare);
+    # ``dtype`` and ``path`` stay live (the shape reader sets ``np_dtype`` later, the online
+    # compare sets a held tensor's path).
+    @cached_property
     def rank(self) -> int:
         return int(self.row["rank"])
 
-    @property
+    @cached_property
     def iteration(self) -> Optional[int]:
         return self.row["iteration"]
 
-    @property
+    @cached_property
     def graph(self) -> int:
         return int(self.row["graph"])
 
-    @property
+    @cached_property
     def op(self) -> str:
         return self.row["op"]
 
-    @property
+    @cached_property
     def op_file(self) -> str:
         return self.row["op_file"]
 
-    @property
+    @cached_property
     def op_type(self) -> str:
         return self.row["op_type"]
 
-    @property
+    @cached_property
     def kind(self) -> str:
         return self.row["kind"]
 
-    @property
+    @cached_property
     def io(self) -> str:
         return self.row["io"]
 
-    @property
+    @cached_property
     def slot(self) -> int:
         return int(self.row["slot"])
 
-    @property
+    @cached_property
     def call(self) -> int:
         return int(self.row["call"])
 
-    @property
+    @cached_property
     def order(self) -> int:
         return int(self.row["order"])
 
@@ -128,12 +133,12 @@ class Tensor:
         except (TypeError, ValueError):
             return 0
 
-    @property
+    @cached_property
     def call_key(self) -> Tuple[Any, int, str, int]:
         """Identifies the operator call this tensor belongs to (within a rank)."""
         return (self.iteration, self.graph, self.op_file, self.call)
 
-    @property
+    @cached_property
     def tensor_key(self) -> Tuple[str, int]:
         return (self.io, self.slot)
 
@@ -214,6 +219,21 @@ class Pair:
         t = self.side
         it = t.iteration
         return (0 if self.a is not None else 1, 1 << 60 if it is None else it, t.rank, t.order)
+
+    def table_values(self) -> List[Any]:
+        """The pair's row of the table as a list in :data:`TABLE_COLUMNS` order (``order``
+        None): what :meth:`to_row` gives, without building a dict per pair."""
+        a, b, t = self.a, self.b, self.side
+        m = self.metrics
+        return [None, t.rank, a.iteration if a is not None else None, b.iteration if b is not None else None,
+                t.graph, a.op if a is not None else None, b.op if b is not None else None, t.op_type, t.kind,
+                t.io, t.slot, t.call, self.rule, self.mode, self.verdict, self.reason, self.identical,
+                m.get("cosine"), m.get("max_abs_err"), m.get("max_rel_err"), m.get("mean_abs_err"), m.get("rmse"),
+                m.get("euclidean"), m.get("within_1e-3"), m.get("within_5e-3"), m.get("nonfinite_mismatch"),
+                m.get("stat_max_rel_diff"),
+                a.dtype if a is not None else None, b.dtype if b is not None else None,
+                a.shape_text() if a is not None else None, b.shape_text() if b is not None else None,
+                self.source, a.path if a is not None else None, b.path if b is not None else None]
 
     def to_row(self) -> Dict[str, Any]:
         a, b, t = self.a, self.b, self.side

@@ -24,7 +24,7 @@ from .kernels import KERNEL_RULES, with_kernels
 from .pairs import TABLE_COLUMNS, Pair, Tensor
 from .pool import default_workers, run_pairs
 from .result import RULE_FIRST_DIFFERENCE, RULE_THRESHOLDS, CompareResult
-from .verdict import Thresholds, judge_metrics, judge_pair
+from .verdict import Thresholds, judge_metrics, judge_pair, judge_statistics
 
 __all__ = ["compare", "CompareError", "tensors_of_records"]
 
@@ -251,9 +251,11 @@ def compare(a: Union[str, os.PathLike, Dump], b: Union[str, os.PathLike, Dump], 
 
     # judge: what needs no data, then tensor metrics
     tasks = []
+    stat_pairs: List[Pair] = []
     for n, p in enumerate(pairs):
-        if judge_pair(p, thresholds):
+        if judge_pair(p, thresholds, stat_pairs):
             tasks.append((n, p.a.path, p.b.path, _data_bytes(p.a) + _data_bytes(p.b), p.a.layout, p.b.layout))
+    judge_statistics(stat_pairs, thresholds)              # column-wise, all at once
     for n, m in run_pairs(tasks, workers, parallel_min, progress).items():
         judge_metrics(pairs[n], m, thresholds)
     pairs.sort(key=Pair.sort_key)
@@ -316,11 +318,9 @@ def _result(da, db, pairs: List[Pair], rank_pairs, it_pairs, thresholds, pd) -> 
         warnings.append(f"most operators are unmatched ({ops['matched_a']} of {ops['calls_a']} in A, "
                         f"{ops['matched_b']} of {ops['calls_b']} in B matched): A and B may come from different "
                         "models or programs")
-    rows = []
-    for p in pairs:
-        r = p.to_row()
-        rows.append({k: r.get(k) for k in TABLE_COLUMNS})
-    table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
+    # rows as lists (Pair.table_values, TABLE_COLUMNS order): the same frame as from one dict
+    # per pair (pandas infers each column's dtype from the same objects), built faster
+    table = pd.DataFrame([p.table_values() for p in pairs], columns=TABLE_COLUMNS)
     table["order"] = range(len(table))
     for c in ("iteration", "iteration_b"):
         table[c] = pd.array([None if v is None or v != v else int(v) for v in table[c]], dtype="Int64")

@@ -28,15 +28,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from ..common import is_garbage, is_random_op, stats_nonfinite
 from .pairs import Pair
+from .stat_columns import judge_statistics as judge_columns
 
 __all__ = ["Thresholds", "verdict_for_metrics", "stats_verdict", "same_dtype_tolerance", "judge_pair",
-           "judge_metrics"]
+           "judge_metrics", "judge_statistics"]
 
 
 @dataclass(frozen=True)
@@ -163,9 +164,11 @@ def _stats_verdict(ra: Dict[str, Any], rb: Dict[str, Any], th: Thresholds, na: O
     return "pass", msg, out
 
 
-def judge_pair(p: Pair, th: Thresholds) -> bool:
+def judge_pair(p: Pair, th: Thresholds, statistics: Optional[list] = None) -> bool:
     """Decide what can be decided before reading data. Returns True when the pair still
-    needs its tensor metrics (``p.mode == "tensor"``)."""
+    needs its tensor metrics (``p.mode == "tensor"``).  With ``statistics`` (a list), a
+    statistics-only pair is appended to it instead of being judged here: judge them all at
+    once with :func:`judge_statistics` (same results, column-wise)."""
     if p.a is None or p.b is None:
         p.verdict = "unmatched"
         p.reason = "only in A" if p.b is None else "only in B"
@@ -189,6 +192,9 @@ def judge_pair(p: Pair, th: Thresholds) -> bool:
         return True
     if a.has_stats and b.has_stats:
         p.mode = "statistics"
+        if statistics is not None:
+            statistics.append(p)
+            return False
         na, nb = stats_nonfinite(a.row), stats_nonfinite(b.row)     # once per pair (was twice)
         v, why, extra = _stats_verdict(a.row, b.row, th, na, nb)
         p.metrics.update(extra)
@@ -198,6 +204,12 @@ def judge_pair(p: Pair, th: Thresholds) -> bool:
         return False
     p.verdict, p.reason = "unmatched", "no data to compare on one side (tensor vs statistics)"
     return False
+
+
+def judge_statistics(pairs: List[Pair], th: Thresholds) -> None:
+    """Judge the statistics-only pairs :func:`judge_pair` set aside, all at once
+    (:mod:`.stat_columns`): the results :func:`judge_pair` gives pair by pair."""
+    judge_columns(pairs, th, lambda dtype: same_dtype_tolerance(dtype, th), _random)
 
 
 def judge_metrics(p: Pair, m: Dict[str, Any], th: Thresholds) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import csv
 import re
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Sequence
 
 from ...format.statistics import BASE_KEYS, HEADER_KEYS, NUMERIC_KEYS
 
@@ -62,81 +62,119 @@ def read_statistic_csv(path: Path) -> List[Dict[str, Any]]:
     field over the parser's limit, a NUL byte) is skipped and its error, naming the file
     and line, goes into ``stat_skipped`` of the next row read (or the last one; that row's
     own cells are still trusted); a file whose lines are all refused raises ValueError
-    naming the file."""
-    rows: List[Dict[str, Any]] = []
+    naming the file.
+
+    The cells are converted column by column (one converter per column, numbers through
+    ``float`` over the whole column, the per-cell rules only where that fails): a
+    100,000-row compare reads its statistics several times faster than cell by cell."""
+    recs: List[List[str]] = []
+    lines: List[int] = []
+    skipped: Dict[int, List[str]] = {}       # index of the next row read -> refused lines before it
     refused: List[str] = []
     with open(path, newline="", encoding="utf-8", errors="replace") as f:
         reader = csv.reader(f)
         try:
             header = [h.strip() for h in next(reader)]
         except StopIteration:
-            return rows
+            return []
         except csv.Error as e:
             raise ValueError(f"{path}: line {reader.line_num}: not a readable statistic.csv ({e})") from None
         while header and header[-1] == "":
             header.pop()
+        width = len(header)
         shape_i = header.index("Shape") if "Shape" in header else None
         while True:
             try:
-                rec = next(reader)
-            except StopIteration:
+                for rec in reader:
+                    n = len(rec)
+                    if n != width or not n:
+                        if not rec or all(not x.strip() for x in rec):
+                            continue
+                        while len(rec) > width and rec[-1] == "":
+                            rec = rec[:-1]
+                        if shape_i is not None and len(rec) > width:
+                            # glue an unquoted "(a,b,c)" back into one field
+                            j = shape_i
+                            while j < len(rec) and not rec[j].rstrip().endswith(")"):
+                                j += 1
+                            rec = rec[:shape_i] + [",".join(rec[shape_i:j + 1])] + rec[j + 1:]
+                        if len(rec) < width:
+                            continue  # torn row (whole files are written, so only a foreign writer's)
+                    elif not rec[0].strip() and not "".join(rec).strip():
+                        continue      # a blank line
+                    if refused:
+                        skipped[len(recs)], refused = refused, []
+                    recs.append(rec)
+                    lines.append(reader.line_num)
                 break
             except csv.Error as e:
                 refused.append(f"{path}: line {reader.line_num}: unreadable CSV line ({e})")
                 if len(refused) > 1000:          # a file of garbage: stop, it is reported
                     break
-                continue
-            if not rec or all(not x.strip() for x in rec):
-                continue
-            while len(rec) > len(header) and rec[-1] == "":
-                rec = rec[:-1]
-            if shape_i is not None and len(rec) > len(header):
-                # glue an unquoted "(a,b,c)" back into one field
-                j = shape_i
-                while j < len(rec) and not rec[j].rstrip().endswith(")"):
-                    j += 1
-                rec = rec[:shape_i] + [",".join(rec[shape_i:j + 1])] + rec[j + 1:]
-            if len(rec) < len(header):
-                continue  # torn row (whole files are written, so only a foreign writer's)
-            row: Dict[str, Any] = {}
-            errors: List[str] = []
-            line = reader.line_num
-            for h, v in zip(header, rec):
-                key = _STRUCT_COLUMNS.get(h) or STAT_COLUMNS.get(h) or h
-                if key in _INT_KEYS:
-                    try:
-                        row[key] = int(float(v))
-                    except (ValueError, OverflowError):
-                        row[key] = -1
-                        errors.append(_cell_error(path, line, h, v))
-                elif key in ("op_type", "op", "dtype", "format", "md5"):
-                    row[key] = v.strip()
-                elif key == "io":
-                    row[key] = v.strip().lower()
-                elif key == "shape":
-                    row[key] = _norm_shape(v)
-                elif key in _NUMERIC:
-                    try:
-                        row[key] = _num(v)
-                    except _Malformed:
-                        row[key] = None          # unknown, never NaN
-                        errors.append(_cell_error(path, line, h, v))
-                else:                            # a column this reader does not know: kept as read
-                    try:
-                        row[key] = _num(v)
-                    except _Malformed:
-                        row[key] = v.strip()
-            if errors:
-                row["stat_errors"] = "; ".join(errors)
-            if refused:
-                row["stat_skipped"], refused = "; ".join(refused), []
-            rows.append(row)
     if refused:
-        if not rows:
+        if not recs:
             raise ValueError("; ".join(refused[:3]))
-        last = rows[-1]
-        last["stat_skipped"] = "; ".join(([last["stat_skipped"]] if last.get("stat_skipped") else []) + refused)
+        skipped.setdefault(len(recs) - 1, []).extend(refused)
+    if not recs:
+        return []
+    keys = [_STRUCT_COLUMNS.get(h) or STAT_COLUMNS.get(h) or h for h in header]
+    errors: Dict[int, List[str]] = {}
+    columns = [_convert_column(path, h, k, col, lines, errors)
+               for h, k, col in zip(header, keys, zip(*(r[:width] for r in recs)))]
+    rows = [dict(zip(keys, vals)) for vals in zip(*columns)] if keys else [{} for _ in recs]
+    for i, errs in errors.items():
+        rows[i]["stat_errors"] = "; ".join(errs)
+    for i, lines_refused in skipped.items():
+        row = rows[i]
+        row["stat_skipped"] = "; ".join(([row["stat_skipped"]] if row.get("stat_skipped") else []) + lines_refused)
     return rows
+
+
+def _convert_column(path: Path, header: str, key: str, col: Sequence[str], lines: List[int],
+                    errors: Dict[int, List[str]]) -> List[Any]:
+    """One column's cells converted by the rule of its key (errors appended per row, in
+    column order since columns are converted left to right)."""
+    if key in _INT_KEYS:
+        try:
+            return [int(float(v)) for v in col]
+        except (ValueError, OverflowError):
+            out = []
+            for i, v in enumerate(col):
+                try:
+                    out.append(int(float(v)))
+                except (ValueError, OverflowError):
+                    out.append(-1)
+                    errors.setdefault(i, []).append(_cell_error(path, lines[i], header, v))
+            return out
+    if key in ("op_type", "op", "dtype", "format", "md5"):
+        return [v.strip() for v in col]
+    if key == "io":
+        return [v.strip().lower() for v in col]
+    if key == "shape":
+        seen: Dict[str, str] = {}
+        out = []
+        for v in col:
+            s = seen.get(v)
+            if s is None:
+                s = seen[v] = _norm_shape(v)
+            out.append(s)
+        return out
+    try:
+        return [float(v) for v in col]      # float(v) is _num(v) wherever it succeeds
+    except ValueError:
+        pass
+    out = []
+    numeric = key in _NUMERIC
+    for i, v in enumerate(col):
+        try:
+            out.append(_num(v))
+        except _Malformed:
+            if numeric:
+                out.append(None)             # unknown, never NaN
+                errors.setdefault(i, []).append(_cell_error(path, lines[i], header, v))
+            else:                            # a column this reader does not know: kept as read
+                out.append(v.strip())
+    return out
 
 
 def _norm_shape(v: Any) -> str:
