@@ -255,6 +255,26 @@ def test_arguments_faithful_and_factory_op_reproduced(tmp_path):
         assert done.returncode == 1 and _last_line(done.stderr) == f"{type(exc).__name__}: {exc}", done.stderr
 
 
+def test_repro_inputs_keep_dtype_strides_and_values(tmp_path):
+    """bf16 (stored as float32 in its .npy) and a transposed input: the script's loader gives
+    back the very tensor the operator got (dtype, shape, strides, values)."""
+    cfg = write_config(tmp_path, common={"op_debug_mode": 4})
+    a = torch.randn(3, 2, dtype=torch.bfloat16).t()
+    b = torch.randn(4, 5, dtype=torch.bfloat16)
+    with opdump.Session(cfg) as session, EagerCapture(session):
+        _caught(lambda: torch.mm(a, b))
+    (rec,) = _records(tmp_path / "dump")
+    path = os.path.join(rec["folder"], rec["repro"])
+    with open(path) as f:
+        source = f.read().replace('if __name__ == "__main__":', "if False:")
+    scope = {"__file__": path, "__name__": "repro"}
+    exec(compile(source, path, "exec"), scope)                   # the script's own loader, not run
+    for slot, want in enumerate((a, b)):
+        got = scope["load"](slot)
+        assert got.dtype == want.dtype and got.shape == want.shape and got.stride() == want.stride()
+        assert torch.equal(got, want)
+
+
 def test_argument_source_round_trip():
     values = [1, -0.5, math.inf, -math.inf, math.nan, True, None, "reflect", [1, 2], (3, (4,)),
               torch.float16, torch.bfloat16, torch.device("cpu"), torch.device("cuda", 1), torch.channels_last,
