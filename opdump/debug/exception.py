@@ -161,7 +161,8 @@ class ExceptionDump:
                   f"{type(failure).__name__}: {failure}")
 
     # ------------------------------------------------------------------ files
-    def _write(self, op, func, args, kwargs, exc, graph_id: int, sources) -> str:
+    def _write(self, op, func, args, kwargs, exc, graph_id: int, sources) -> Tuple[str, int]:
+        """Inputs, repro script, exception.json and the manifest; (folder, inputs not saved)."""
         session = self.session
         layout = session.layout
         iteration = session.iteration
