@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+from functools import lru_cache
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from ..reader.npy import npy_layout
@@ -38,10 +39,16 @@ class CompareError(ValueError):
     """Nothing to compare (empty dump, no common iteration, nothing matched)."""
 
 
-def _shape_from_text(v: Any) -> Optional[Tuple[int, ...]]:
-    if not isinstance(v, str) or not v.strip():
+@lru_cache(maxsize=4096)
+def _shape_text(v: str) -> Optional[Tuple[int, ...]]:
+    if not v.strip():
         return None
     return tuple(int(x) for x in re.findall(r"-?\d+", v))
+
+
+def _shape_from_text(v: Any) -> Optional[Tuple[int, ...]]:
+    """A statistics row's shape text -> tuple (parsed once per distinct text)."""
+    return _shape_text(v) if isinstance(v, str) else None
 
 
 def _records(rec) -> List[Dict[str, Any]]:
