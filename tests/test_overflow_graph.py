@@ -247,3 +247,43 @@ def test_config_statistics_allowed_and_kernels_dump_refused(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         load_config_dict({C: {"path": str(tmp_path), "op_debug_mode": 3}}, env={})
+
+
+class Sliced(nn.Module):
+    """An overflow, a slice that keeps only its finite part, then a second, real origin on
+    that slice: the slice's flag is derived from its input (no reduction of its own) and
+    settled exactly when the input is not finite, so the second origin is still found."""
+
+    def forward(self, a):
+        x = a * 1e4                  # origin 1: the 10s overflow fp16
+        y = x[:, :2]                 # 1e4, finite
+        return y * 10.0              # origin 2: 1e5 overflows fp16
+
+
+def test_origin_behind_a_view_of_an_overflowed_tensor(tmp_path):
+    cfg = write_config(tmp_path, common={"op_debug_mode": 3})
+    a = torch.tensor([[1.0, 1.0, 10.0, 10.0]], dtype=torch.float16)
+    with opdump.Session(cfg) as session:
+        compiled = torch.compile(Sliced(), backend=session.backend("aot_eager"))
+        with torch.no_grad():
+            compiled(a)
+        session.step()
+    body, _ = _summaries(str(tmp_path / "dump"), 0, 0)
+    assert [e["op_type"] for e in body["overflows"]] == ["mul", "mul"], body
+
+
+def test_uninitialized_memory_is_not_an_overflow():
+    """``empty``'s garbage may hold NaN bit patterns: neither it, nor a view of it, nor the
+    operator that fills it is reported (the watch itself, fed real tensors)."""
+    from opdump.capture.op_info import OpInfo
+    from opdump.debug.overflow import OverflowWatch
+    recorded = []
+    watch = OverflowWatch(0, lambda *a: recorded.append(a), None, lambda: None)
+    garbage = torch.full((4,), float("nan"))
+    view = garbage.view(2, 2)
+    watch.add(OpInfo(0, "empty", "Default"), [], [garbage], False)
+    watch.add(OpInfo(1, "view", "Default"), [garbage], [view], False)
+    filled = torch.ones(2, 2)
+    watch.add(OpInfo(2, "mul", "Default"), [filled], [filled * float("inf")], False)   # a real origin
+    watch.flush()
+    assert [a[0].op_type for a in recorded] == ["mul"]
