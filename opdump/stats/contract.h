@@ -13,7 +13,7 @@
 namespace opdump::contract {
 
 // Bumped whenever a signature or a layout below changes.
-constexpr int kAbi = 2;
+constexpr int kAbi = 3;
 
 // statistic.csv cell kinds (categories.py's Category.kind), as format_cells' `kinds`.
 enum CellKind { kElement = 0, kComputed = 1, kCount = 2, kText = 3 };
@@ -43,6 +43,11 @@ inline constexpr const char* kRowFieldNames[] = {"op_type", "op_name", "stream",
 
 // Tensors with gaps up to this many bytes are copied to contiguous memory, then read.
 constexpr int64_t kCopyLimit = int64_t(32) << 20;
+
+// The host mode's float64 summation order (cpu_kernel.cpp host_stats, and its numpy twin in
+// opdump/stats/host.py): lanes per chunk, elements per chunk.
+constexpr int64_t kHostLanes = 16;
+constexpr int64_t kHostChunk = int64_t(1) << 16;
 
 }  // namespace opdump::contract
 

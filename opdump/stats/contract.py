@@ -9,7 +9,7 @@ silently misread tuple.  Every Python user of these layouts imports them from he
 from __future__ import annotations
 
 #: bumped with ``contract.h``'s ``kAbi`` whenever a signature or a layout changes
-ABI = 2
+ABI = 3
 
 #: statistic.csv cell kinds; the code of a kind is its index
 CELL_KINDS = ("element", "computed", "count", "text")
@@ -32,6 +32,12 @@ ROW_FIELDS = ("op_type", "op_name", "stream", "timestamp", "io", "slot", "nbytes
 #: tensors with gaps up to this many bytes are copied to contiguous memory, then read once
 COPY_LIMIT = 32 << 20
 
+#: the host mode's float64 summation order (``cpu_kernel.cpp``'s ``host_stats`` and its numpy twin in
+#: :mod:`opdump.stats.host`): each of HOST_LANES lanes sums the elements i ≡ lane (mod HOST_LANES) of a
+#: chunk of HOST_CHUNK elements in order; lanes, the chunk's tail, then chunks are added in order
+HOST_LANES = 16
+HOST_CHUNK = 1 << 16
+
 #: what the native module exports, by attribute name, and the value it must have
 EXPORTED = {
     "ABI": ABI,
@@ -41,4 +47,6 @@ EXPORTED = {
     "FUSED_CATEGORIES": FUSED_CATEGORIES,
     "ROW_FIELDS": ROW_FIELDS,
     "COPY_LIMIT": COPY_LIMIT,
+    "HOST_LANES": HOST_LANES,
+    "HOST_CHUNK": HOST_CHUNK,
 }

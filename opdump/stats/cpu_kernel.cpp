@@ -19,8 +19,17 @@
 //   exact, as int64; sums in float64 (exact while below 2**53);
 // * a tensor it does not handle (not CPU, empty, overlapping or with gaps,
 //   a negative-bit view, float64, complex, uint64…) gives None: the caller uses torch.
+//
+// `host_stats` is the same pass with the host mode's accumulation (stat_calc_mode "host",
+// opdump/stats/host.py, whose numpy path is its exact twin): every sum in float64, each of
+// kLanes lanes sequential over the elements i ≡ lane (mod kLanes) of a chunk of kChunk
+// elements, the lanes added in order, then the chunk's tail in order, then the chunks in
+// order (contract.h kHostLanes / kHostChunk).  Same result bit for bit whatever the thread
+// count; the module is compiled with -ffp-contract=off so no multiply-add is fused.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+
+#include "contract.h"
 
 #include <algorithm>
 #include <cmath>
@@ -32,7 +41,9 @@ namespace {
 constexpr int64_t kLanes = 16;
 constexpr int64_t kBlock = 1024;      // float32 partial sums go to float64 every block
 constexpr int64_t kChunk = 1 << 16;   // elements per parallel task (and per combine step)
-constexpr int64_t kSmall = 1 << 14;   // below: sums in float64 lanes (the cost is the call, not the loop)
+constexpr int64_t kSmall = 1 << 14;
+static_assert(kLanes == opdump::contract::kHostLanes && kChunk == opdump::contract::kHostChunk,
+              "the host mode's order is the contract's (opdump/stats/host.py reproduces it)");   // below: sums in float64 lanes (the cost is the call, not the loop)
 
 struct Acc {
   float max = -std::numeric_limits<float>::infinity();
@@ -118,6 +129,57 @@ A reduce_chunks(const T* p, int64_t n, Range range, Combine combine) {
   A a = parts[0];
   for (int64_t c = 1; c < chunks; ++c) a = combine(a, parts[c]);
   return a;
+}
+
+// The host mode's order (see the header): float64 lanes, sequential, no blocks.
+template <typename T>
+Acc reduce_range_host(const T* p, int64_t n) {
+  float mx[kLanes], mn[kLanes];
+  double s[kLanes], q[kLanes];
+  int nan[kLanes];
+  for (int j = 0; j < kLanes; ++j) {
+    mx[j] = -std::numeric_limits<float>::infinity();
+    mn[j] = std::numeric_limits<float>::infinity();
+    s[j] = q[j] = 0.0;
+    nan[j] = 0;
+  }
+  const int64_t full = n - n % kLanes;
+  for (int64_t i = 0; i < full; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) {
+      const float v = static_cast<float>(p[i + j]);
+      mx[j] = mx[j] < v ? v : mx[j];
+      mn[j] = v < mn[j] ? v : mn[j];
+      const double d = static_cast<double>(v);
+      s[j] += d;
+      q[j] += d * d;
+      nan[j] |= (v != v);
+    }
+  }
+  Acc a;
+  int any_nan = 0;
+  for (int j = 0; j < kLanes; ++j) {
+    a.max = a.max < mx[j] ? mx[j] : a.max;
+    a.min = mn[j] < a.min ? mn[j] : a.min;
+    a.sum += s[j];
+    a.sumsq += q[j];
+    any_nan |= nan[j];
+  }
+  for (int64_t i = full; i < n; ++i) {
+    const float v = static_cast<float>(p[i]);
+    a.max = a.max < v ? v : a.max;
+    a.min = v < a.min ? v : a.min;
+    const double d = static_cast<double>(v);
+    a.sum += d;
+    a.sumsq += d * d;
+    any_nan |= (v != v);
+  }
+  a.nan = any_nan != 0;
+  return a;
+}
+
+template <typename T>
+Acc reduce_all_host(const T* p, int64_t n) {
+  return reduce_chunks<Acc>(p, n, reduce_range_host<T>, combine);
 }
 
 template <typename T>
@@ -208,7 +270,9 @@ pybind11::object int_stats(const at::Tensor& x, const void* data, int64_t n) {
 // (max, min, sum, sum of squares) — contract.h's first four fused fields: Python floats for
 // float tensors, max/min as Python ints for integer and bool tensors; or None (see the
 // header).  Exported by native_module.cpp; also used by stats_memo.cpp.
-pybind11::object fused_stats(const at::Tensor& x) {
+namespace {
+
+pybind11::object one_pass(const at::Tensor& x, bool host) {
   if (!x.defined() || !x.device().is_cpu() || x.layout() != at::kStrided || x.numel() == 0 ||
       x.is_neg() || x.is_conj() || !x.is_non_overlapping_and_dense()) {
     return pybind11::none();
@@ -231,12 +295,28 @@ pybind11::object fused_stats(const at::Tensor& x) {
   {
     pybind11::gil_scoped_release no_gil;
     switch (dtype) {
-      case at::kFloat: a = reduce_all(static_cast<const float*>(data), n); break;
-      case at::kBFloat16: a = reduce_all(static_cast<const c10::BFloat16*>(data), n); break;
-      default: a = reduce_all(static_cast<const c10::Half*>(data), n); break;
+      case at::kFloat:
+        a = host ? reduce_all_host(static_cast<const float*>(data), n) : reduce_all(static_cast<const float*>(data), n);
+        break;
+      case at::kBFloat16:
+        a = host ? reduce_all_host(static_cast<const c10::BFloat16*>(data), n)
+                 : reduce_all(static_cast<const c10::BFloat16*>(data), n);
+        break;
+      default:
+        a = host ? reduce_all_host(static_cast<const c10::Half*>(data), n)
+                 : reduce_all(static_cast<const c10::Half*>(data), n);
+        break;
     }
   }
   const double nan = std::numeric_limits<double>::quiet_NaN();
   return pybind11::make_tuple(a.nan ? nan : static_cast<double>(a.max),
                               a.nan ? nan : static_cast<double>(a.min), a.sum, a.sumsq);
 }
+
+}  // namespace
+
+pybind11::object fused_stats(const at::Tensor& x) { return one_pass(x, false); }
+
+// The same fields with the host mode's float64 accumulation (see the header); integer and bool
+// tensors already accumulate that way.  Exported by native_module.cpp; used by stats_memo.cpp.
+pybind11::object host_stats(const at::Tensor& x) { return one_pass(x, true); }

@@ -1,7 +1,11 @@
 """The statistics engine: decides, per category, host or device, and assembles rows.
 
-* ``stat_calc_mode: "host"``: every category is computed on the host, from the
-  CPU copy of the tensor that the capture side makes (:meth:`StatsEngine.host_cells`).
+* ``stat_calc_mode: "host"``: every category is computed on the host with the host
+  mode's semantics (:mod:`opdump.stats.host`): all but ``md5`` when the tensor is
+  recorded, from the tensor itself (:class:`~opdump.stats.host_batch.HostStatsBatch`: the
+  native single pass for CPU tensors, numpy otherwise; no copy), through the same batch
+  interface as device mode (:meth:`StatsEngine.device_launch` … the names are the
+  batch's); ``md5`` from the CPU copy the capture side makes (:meth:`StatsEngine.host_cells`).
 * ``stat_calc_mode: "device"``: the device-capable categories (all but
   ``md5``) are launched on the tensor's device (:meth:`StatsEngine.device_launch`)
   and gathered with one copy per device (:meth:`StatsEngine.device_collect`);
@@ -30,15 +34,17 @@ from . import native
 from .device import PRECISIONS, DeviceStatsBatch
 from .formatting import cell_formatter, format_cell, native_codes, native_precision
 from .host import reduce_tensor
+from .host_batch import HostStatsBatch
 
 MODES = ("host", "device")
 
 
 def host_categories(categories: Sequence[str], stat_calc_mode: str) -> Tuple[str, ...]:
-    """The categories computed on the host, from a CPU copy of each tensor: all of them in
-    ``"host"`` mode; in ``"device"`` mode those without a device computation (``md5``)."""
+    """The categories computed from a CPU copy of each tensor, in a writer thread: those that
+    need the bytes (``md5``), in either mode (host mode computes the others when a tensor is
+    recorded, from the tensor itself: :class:`~opdump.stats.host_batch.HostStatsBatch`)."""
     cats = [lookup(c) for c in categories]
-    return tuple(c.name for c in cats if stat_calc_mode != "device" or not c.device_capable)
+    return tuple(c.name for c in cats if not c.device_capable)
 
 
 class StatsEngine:
@@ -63,7 +69,12 @@ class StatsEngine:
         self.host_categories = host_categories(self.categories, stat_calc_mode)
         self.device_categories = tuple(c for c in self.categories if c not in self.host_categories)
         self._host_cats = [lookup(c) for c in self.host_categories]
-        self._batch = DeviceStatsBatch(self.device_categories, precision) if self.device_categories else None
+        if not self.device_categories:
+            self._batch = None
+        elif stat_calc_mode == "host":
+            self._batch = HostStatsBatch(self.device_categories)
+        else:
+            self._batch = DeviceStatsBatch(self.device_categories, precision)
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ plan

@@ -15,11 +15,21 @@ Semantics (per category; see also :mod:`opdump.stats.categories`):
   values (bfloat16 and float8 are upcast exactly to float32).
 * ``finite max``/``finite min`` (opdump extension): max/min over the finite
   elements only; empty cell when there is none.
-* ``avg``: sum in float64 (numpy pairwise summation) divided by the count; NaN
-  if any NaN, ±Inf if an Inf (NaN if both signs).
-* ``l2norm``: sqrt of the float64 sum of squares; NaN if any NaN, else Inf if
-  any Inf.  float64 tensors whose squares overflow float64 are rescaled by the
-  chunk's largest magnitude, so a finite float64 tensor gets a finite norm.
+* ``avg``: the float64 sum divided by the count; ``l2norm``: sqrt of the float64
+  sum of squares (each square rounded to float64, no fused multiply-add).  Both
+  sums are taken in ONE fixed order, so that every implementation gives the same
+  bits (this numpy path, and opdump's C++ single pass, ``cpu_kernel.cpp``
+  ``host_stats``, which computes them for CPU tensors without any copy): the
+  flattened tensor (memory order: the sums depend on it only through rounding)
+  is cut into chunks of :data:`~opdump.stats.contract.HOST_CHUNK` elements; in a
+  chunk, lane ``j`` of :data:`~opdump.stats.contract.HOST_LANES` adds the elements
+  ``i ≡ j`` (mod lanes) of the chunk's full rows in order; ``0.0`` plus the lanes
+  in order, plus the chunk's last ``< lanes`` elements in order, is the chunk's
+  sum; the chunks' sums are added in order.  NaN if any NaN, ±Inf if an Inf
+  (avg: NaN if both signs; l2norm: Inf).  float64 tensors whose sum of squares
+  overflows although every element is finite are rescaled: ``m * sqrt(sum((x/m)**2))``
+  with ``m`` the largest magnitude (same order), so a finite float64 tensor gets a
+  finite norm.
 * ``count``: number of elements; ``negative zero count``: elements < 0 (-Inf
   included); ``positive zero count``: elements > 0 (+Inf included);
   ``zero count``: elements == 0 (+0.0 and -0.0); NaN is none of them;
@@ -45,6 +55,8 @@ import numpy as np
 import torch
 
 from ..format.statistics import lookup
+from .contract import HOST_CHUNK, HOST_LANES
+from .memory import dense_view
 from .formatting import format_cell
 
 #: elements per chunk: 256 Ki elements = 1 MiB of float32, 2 MiB as float64
@@ -121,13 +133,15 @@ class Chunk:
 class Reducer:
     """A fold over the chunks: ``finish(update(...update(start(), c0)..., cN), count)``.
 
-    ``update`` None: the value depends only on the count (e.g. ``count``).
+    ``update`` None: the value depends only on the count (e.g. ``count``), or on the
+    tensor's float64 sums (``sums`` set: ``finish(sums, count)``, see :func:`float64_sums`).
     """
 
     start: Callable[[], Any]
     update: Optional[Callable[[Any, Chunk], Any]]
     finish: Callable[[Any, int], Any]
     needs_raw: bool = False
+    sums: bool = False
 
 
 def _extreme(largest: bool, finite: bool) -> Reducer:
@@ -151,35 +165,54 @@ def _count(predicate: Callable[[np.ndarray], np.ndarray], floats_only: bool = Fa
     return Reducer(lambda: 0, update, lambda state, n: state)
 
 
-def _avg_update(state, chunk: Chunk):
-    return state + float(np.sum(chunk.vals, dtype=np.float64))
+# --------------------------------------------------------------------------- the float64 sums
+def _ordered_sum(f: np.ndarray) -> float:
+    """The float64 sum of one chunk in the module docstring's order (``cpu_kernel.cpp``'s)."""
+    full = f.size - f.size % HOST_LANES
+    total = 0.0
+    if full:
+        # a reduction over axis 0 of (rows, lanes) adds row after row into the lanes: each lane
+        # is summed in order (numpy's pairwise summation applies along a contiguous axis only)
+        for lane in np.add.reduce(f[:full].reshape(-1, HOST_LANES), axis=0).tolist():
+            total += lane
+    for x in f[full:].tolist():
+        total += x
+    return total
 
 
-def _ssq(f: np.ndarray) -> float:
-    # einsum, not np.dot: BLAS would start its own threads (and, next to torch's
-    # OpenMP pool, spin against it); einsum is one SIMD loop in this thread.
-    return float(np.einsum("i,i->", f, f))
+def float64_sums(values: Callable[[int, int], np.ndarray], n: int, is_f64: bool) -> tuple:
+    """``(sum, sum of squares)`` of the ``n`` elements ``values(a, b)`` gives, in float64, in the
+    contract's order; a float64 tensor whose sum of squares overflows with every element finite
+    gives ``(sum, (m, rescaled sum of squares))`` (see the module docstring)."""
+    total = squares = 0.0
+    for a in range(0, n, HOST_CHUNK):
+        f = values(a, min(a + HOST_CHUNK, n)).astype(np.float64)
+        total += _ordered_sum(f)
+        squares += _ordered_sum(f * f)
+    if is_f64 and math.isinf(squares):
+        chunks = [(a, min(a + HOST_CHUNK, n)) for a in range(0, n, HOST_CHUNK)]
+        if all(np.isfinite(values(a, b)).all() for a, b in chunks):
+            m = max(float(np.max(np.abs(values(a, b)))) for a, b in chunks)
+            rescaled = 0.0
+            for a, b in chunks:
+                g = values(a, b) / m
+                rescaled += _ordered_sum(g * g)
+            return total, (m, rescaled)
+    return total, squares
 
 
-def _l2_update(state: List, chunk: Chunk):
-    f = chunk.f64
-    ssq = _ssq(f)
-    if not math.isfinite(ssq) and chunk.vals.dtype == np.float64 and chunk.all_finite:
-        scale = float(np.max(np.abs(f)))
-        g = f / scale
-        state.append((scale, _ssq(g)))
-    else:
-        state.append((1.0, ssq))
-    return state
+def _avg_finish(sums, n: int):
+    return sums[0] / n if n else None
 
 
-def _l2_finish(state: List, n: int):
+def _l2_finish(sums, n: int):
     if n == 0:
         return None
-    scale = max(s for s, _ in state)
-    if scale == 1.0:
-        return math.sqrt(math.fsum(q for _, q in state))
-    return scale * math.sqrt(math.fsum((s / scale) ** 2 * q for s, q in state))
+    squares = sums[1]
+    if isinstance(squares, tuple):
+        m, rescaled = squares
+        return m * math.sqrt(rescaled)
+    return math.sqrt(squares)
 
 
 def _md5_update(h, chunk: Chunk):
@@ -191,8 +224,8 @@ MAX = _extreme(True, False)
 MIN = _extreme(False, False)
 FINITE_MAX = _extreme(True, True)
 FINITE_MIN = _extreme(False, True)
-AVG = Reducer(lambda: 0.0, _avg_update, lambda s, n: s / n if n else None)
-L2NORM = Reducer(list, _l2_update, _l2_finish)
+AVG = Reducer(lambda: None, None, _avg_finish, sums=True)
+L2NORM = Reducer(lambda: None, None, _l2_finish, sums=True)
 COUNT = Reducer(lambda: None, None, lambda s, n: n)
 NEGATIVE_COUNT = _count(lambda v: v < 0)
 POSITIVE_COUNT = _count(lambda v: v > 0)
@@ -212,7 +245,7 @@ REDUCERS: Dict[str, Reducer] = {
 
 
 # --------------------------------------------------------------------------- driver
-def _host_view(t: torch.Tensor) -> torch.Tensor:
+def _resolved(t: torch.Tensor) -> torch.Tensor:
     if t.device.type != "cpu":
         raise ValueError(f"host statistics need a CPU tensor, got one on {t.device}")
     t = t.detach()
@@ -220,7 +253,20 @@ def _host_view(t: torch.Tensor) -> torch.Tensor:
         t = t.resolve_conj()
     if t.is_neg():
         t = t.resolve_neg()
-    return t.contiguous().reshape(-1)
+    return t
+
+
+def _host_view(t: torch.Tensor) -> torch.Tensor:
+    """``t`` flattened in C order (md5 hashes these bytes)."""
+    return _resolved(t).contiguous().reshape(-1)
+
+
+def _memory_order_view(t: torch.Tensor) -> torch.Tensor:
+    """``t`` flattened in memory order when its elements fill one block (a view), else in C
+    order: the order the float64 sums are taken in (the C++ pass reads memory the same way)."""
+    t = _resolved(t)
+    dense = dense_view(t)
+    return (dense if dense is not None else t.contiguous()).reshape(-1)
 
 
 _F8_TABLES: Dict[torch.dtype, np.ndarray] = {}
@@ -269,21 +315,27 @@ def reduce_tensor(tensor: torch.Tensor, reducers: Sequence[Reducer],
     n = flat.numel()
     states = [r.start() for r in reducers]
     active = [i for i, r in enumerate(reducers) if r.update is not None]
-    if n and active:
-        itemsize = flat.element_size()
-        want_raw = any(reducers[i].needs_raw for i in active)
-        raw_all = flat.view(torch.uint8).numpy() if want_raw else None
+    sums = None
+    if n and (active or any(r.sums for r in reducers)):
         values = _numpy_values(flat)
         is_float = dtype.is_floating_point
         with np.errstate(all="ignore"):     # inf - inf, inf * 0…: the IEEE answers are wanted
-            for a in range(0, n, chunk_elements):
-                b = min(a + chunk_elements, n)
-                vals = values(a, b)
-                raw = raw_all[a * itemsize:b * itemsize] if want_raw else None
-                chunk = Chunk(vals, raw, is_float)
-                for i in active:
-                    states[i] = reducers[i].update(states[i], chunk)
-    return [r.finish(s, n) for r, s in zip(reducers, states)]
+            if any(r.sums for r in reducers):
+                ordered = _memory_order_view(tensor)
+                in_order = values if ordered.data_ptr() == flat.data_ptr() else _numpy_values(ordered)
+                sums = float64_sums(in_order, n, dtype is torch.float64)
+            if active:
+                itemsize = flat.element_size()
+                want_raw = any(reducers[i].needs_raw for i in active)
+                raw_all = flat.view(torch.uint8).numpy() if want_raw else None
+                for a in range(0, n, chunk_elements):
+                    b = min(a + chunk_elements, n)
+                    vals = values(a, b)
+                    raw = raw_all[a * itemsize:b * itemsize] if want_raw else None
+                    chunk = Chunk(vals, raw, is_float)
+                    for i in active:
+                        states[i] = reducers[i].update(states[i], chunk)
+    return [r.finish(sums if r.sums else s, n) for r, s in zip(reducers, states)]
 
 
 def host_statistics(tensor: torch.Tensor, categories: Sequence[str]) -> List[str]:

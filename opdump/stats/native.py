@@ -1,7 +1,7 @@
 """The one place opdump's Python meets its C++ module: built, found, loaded, checked, used.
 
 The module (``native_module.cpp`` and the parts it exports: ``cpu_kernel.cpp``'s one-pass
-CPU statistics ``fused_stats``, ``cell_text.cpp``'s ``format_cells``, ``stats_memo.cpp``'s
+CPU statistics ``fused_stats`` and ``host_stats``, ``cell_text.cpp``'s ``format_cells``, ``stats_memo.cpp``'s
 ``StatsMemo``, ``row_sink.cpp``'s ``RowSink``) is optional: every use of it has an exact
 Python/torch twin, taken when :func:`module` is None.
 
@@ -61,7 +61,8 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = tuple(os.path.join(_HERE, n) for n in
                 ("native_module.cpp", "cpu_kernel.cpp", "cell_text.cpp", "stats_memo.cpp", "row_sink.cpp"))
 HEADERS = tuple(os.path.join(_HERE, n) for n in ("contract.h", "stats_memo.h"))
-_CFLAGS = ["-O3", "-march=native", "-fopenmp"]
+# -ffp-contract=off: no fused multiply-add, so host_stats' sums are numpy's bit for bit
+_CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"]
 _LDFLAGS = ["-fopenmp"]
 
 ENV_SWITCH = "OPDUMP_CPU_KERNEL"
@@ -317,10 +318,19 @@ def fused_stats() -> Optional[Callable]:
     return None if mod is None else mod.fused_stats
 
 
-def new_stats_memo():
-    """A new ``StatsMemo`` (``stats_memo.cpp``), or None when the module is unavailable."""
+def host_stats() -> Optional[Callable]:
+    """``host_stats(tensor)``: :func:`fused_stats`'s fields with the host mode's float64 accumulation
+    (its order: :data:`.contract.HOST_LANES`, :data:`.contract.HOST_CHUNK`; the numpy twin is
+    :mod:`.host`), or None for a tensor it does not handle; None when the module is unavailable."""
     mod = module()
-    return None if mod is None else mod.StatsMemo()
+    return None if mod is None else mod.host_stats
+
+
+def new_stats_memo(host: bool = False):
+    """A new ``StatsMemo`` (``stats_memo.cpp``; ``host``: it reads with :func:`host_stats`), or None
+    when the module is unavailable."""
+    mod = module()
+    return None if mod is None else mod.StatsMemo(host)
 
 
 def new_row_sink(memo):

@@ -1,6 +1,6 @@
 // The module opdump/stats/native.py loads: the native parts and the contract they keep.
 //
-// Exports fused_stats (cpu_kernel.cpp), format_cells (cell_text.cpp), StatsMemo
+// Exports fused_stats and host_stats (cpu_kernel.cpp), format_cells (cell_text.cpp), StatsMemo
 // (stats_memo.cpp), RowSink (row_sink.cpp), and every layout and code of contract.h as
 // plain Python values, which native.py compares with opdump/stats/contract.py before
 // using anything else here.
@@ -12,6 +12,7 @@
 #include "contract.h"
 
 pybind11::object fused_stats(const at::Tensor& x);
+pybind11::object host_stats(const at::Tensor& x);
 std::vector<std::string> format_cells(const pybind11::list& entries, const std::vector<int>& precisions,
                                       const std::vector<int>& kinds, const std::vector<int>& fused);
 void register_stats_memo(pybind11::module& m);
@@ -37,7 +38,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("FUSED_CATEGORIES") = names(kFusedCategories);
   m.attr("ROW_FIELDS") = names(kRowFieldNames);
   m.attr("COPY_LIMIT") = kCopyLimit;
+  m.attr("HOST_LANES") = kHostLanes;
+  m.attr("HOST_CHUNK") = kHostChunk;
   m.def("fused_stats", &fused_stats, "max, min, sum, sum of squares of a dense CPU tensor, or None");
+  m.def("host_stats", &host_stats,
+        "fused_stats with the host mode's float64 accumulation (opdump/stats/host.py), or None");
   m.def("format_cells", &format_cells, "statistic.csv cells of each entry, joined by ','");
   register_stats_memo(m);
   register_row_sink(m);

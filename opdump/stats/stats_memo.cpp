@@ -9,7 +9,7 @@
 //
 // Guarantees (tested in tests/test_stats_memo.py against the kernel and numpy):
 // * `stats(t, index)` gives (max, min, sum, sum of squares, numel) exactly as
-//   `fused_stats` of the same elements and remembers `index` (the caller's batch
+//   `fused_stats` (`host_stats` for a memo made with host=True) of the same elements and remembers `index` (the caller's batch
 //   entry) for them; or the index remembered for a tensor reading the same memory; or
 //   None for a tensor the kernel does not handle (not CPU, empty, negative/conjugate
 //   bit, a dtype it lacks, or with gaps and over 32 MiB: `takes(t)` is false): the caller
@@ -29,6 +29,7 @@
 #include <functional>
 
 pybind11::object fused_stats(const at::Tensor& x);   // cpu_kernel.cpp
+pybind11::object host_stats(const at::Tensor& x);    // cpu_kernel.cpp
 
 namespace opdump {
 
@@ -88,7 +89,7 @@ pybind11::object StatsMemo::stats(const at::Tensor& t, int64_t index) {
   }
   pybind11::object fused;
   if (dense) {
-    fused = fused_stats(t);
+    fused = host_ ? host_stats(t) : fused_stats(t);
   } else {
     at::Tensor copy;
     {
@@ -98,7 +99,7 @@ pybind11::object StatsMemo::stats(const at::Tensor& t, int64_t index) {
           c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
       copy = t.contiguous();
     }
-    fused = fused_stats(copy);
+    fused = host_ ? host_stats(copy) : fused_stats(copy);
   }
   if (fused.is_none()) return fused;
   ++reads_;
@@ -135,7 +136,8 @@ void StatsMemo::settle(const at::Tensor& t) {
 void register_stats_memo(pybind11::module& m) {
   using opdump::StatsMemo;
   pybind11::class_<StatsMemo>(m, "StatsMemo")
-      .def(pybind11::init<>())
+      .def(pybind11::init<bool>(), pybind11::arg("host") = false)
+      .def_property_readonly("host", &StatsMemo::host, "reads with the host mode's float64 accumulation")
       .def("stats", &StatsMemo::stats,
            "(max, min, sum, sum of squares, numel) of a CPU tensor, remembered as entry `index`; the entry "
            "of a tensor reading the same memory; or None")

@@ -32,6 +32,9 @@ struct MemoEntry {
 
 class StatsMemo {
  public:
+  // host: read tensors with the host mode's float64 accumulation (cpu_kernel.cpp host_stats)
+  explicit StatsMemo(bool host = false) : host_(host) {}
+  bool host() const { return host_; }
   // (max, min, sum, sum of squares, numel) of `t`, remembered as entry `index`; the entry
   // (an int) of a tensor reading the same memory; or None (see stats_memo.cpp).
   pybind11::object stats(const at::Tensor& t, int64_t index);
@@ -45,7 +48,8 @@ class StatsMemo {
 
  private:
   std::unordered_map<MemoKey, MemoEntry, MemoKeyHash> map_;
-  int64_t reads_ = 0;   // tensors read (not found), over the memo's life
+  int64_t reads_ = 0;
+  bool host_ = false;   // tensors read (not found), over the memo's life
 };
 
 }  // namespace opdump
