@@ -16,11 +16,11 @@ import numpy as np
 # --------------------------------------------------------------------------- configs
 def write_config(folder: str, dump_path: str, *, iteration: str = "all", saved_data: str = "tensor",
                  stat_calc_mode: Optional[str] = None, queue_mb: Optional[int] = None,
-                 extra_e2e: Optional[Dict] = None) -> str:
+                 extra_e2e: Optional[Dict] = None, op_debug_mode: int = 0) -> str:
     """A MindSpore data_dump.json (the seed's CPU/GPU example) in ``folder`` → its path."""
     cfg = {
         "common_dump_settings": {
-            "op_debug_mode": 0, "dump_mode": 0, "path": dump_path, "net_name": "Net",
+            "op_debug_mode": op_debug_mode, "dump_mode": 0, "path": dump_path, "net_name": "Net",
             "iteration": iteration, "saved_data": saved_data, "input_output": 0, "kernels": [],
             "support_device": [0, 1, 2, 3, 4, 5, 6, 7],
         },

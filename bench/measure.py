@@ -115,7 +115,8 @@ class Bench:
                     if toggle:
                         toggle.exit()
                 session.writer.flush()
-                writes = cfgkw.get("saved_data", "tensor") in ("tensor", "full") and "iteration" not in cfgkw
+                writes = (cfgkw.get("saved_data", "tensor") in ("tensor", "full") and "iteration" not in cfgkw
+                          and not cfgkw.get("op_debug_mode"))          # the overflow watch writes no tensor here
                 # the numpy.save baseline writes the arrays of the last warm-up iteration, one round
                 # after each block of the dump, so that both meet the same disk and page-cache state
                 npsave = None

@@ -31,12 +31,14 @@ GRAPH_MODES = [
     ("graph statistic device", dict(saved_data="statistic", stat_calc_mode="device"), "eager"),
     ("graph tensor", dict(saved_data="tensor"), "eager"),
     ("graph full", dict(saved_data="full"), "eager"),
+    ("graph overflow watch", dict(op_debug_mode=3), "compiled"),     # bench/overflow_watch.py: more rows
 ]
 EAGER_MODES = [
     ("eager not-selected", dict(iteration=FAR)),
     ("eager statistic host", dict(saved_data="statistic", stat_calc_mode="host")),
     ("eager statistic device", dict(saved_data="statistic", stat_calc_mode="device")),
     ("eager tensor", dict(saved_data="tensor")),
+    ("eager overflow watch", dict(op_debug_mode=3)),
 ]
 
 

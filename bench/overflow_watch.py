@@ -1,0 +1,144 @@
+"""The cost of the every-step overflow watch (``op_debug_mode`` 3, ``iteration`` "all";
+README "Debug dumps") against the undumped step, eager and graph, in one process.
+
+Rows per model (the transformer and AlexNet of :mod:`bench.models`, a full training step):
+
+* *eager overflow watch* vs plain eager;
+* *graph overflow watch* (opdump's backend: every step runs AOTAutograd's graphs op by op
+  under the watch) vs plain compiled (inductor), the undumped compiled step;
+* the same graph watch vs ``aot_eager`` (the op-by-op path with no watch: what the watch
+  itself adds) and vs plain eager.
+
+Every ratio comes from :meth:`bench.measure.Bench.pair` (baseline and mode interleaved in
+blocks, medians), so a neighbour's load hits both sides.  The figures go to BENCHMARKS.md
+between ``<!-- overflow-watch: begin -->`` and ``<!-- overflow-watch: end -->`` (kept by
+``bench/run.py``'s full rewrite); the rest of the file is left alone.
+
+    .venv/bin/python bench/overflow_watch.py [--models transformer,alexnet] [--out BENCHMARKS.md]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+import types
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+
+from bench import harness as H  # noqa: E402
+from bench import models as M  # noqa: E402
+from bench.measure import Bench  # noqa: E402
+from bench.modes import log  # noqa: E402
+
+BEGIN, END = "<!-- overflow-watch: begin -->", "<!-- overflow-watch: end -->"
+TARGET = 1.15
+WATCH = dict(op_debug_mode=3)
+
+
+def _row(label: str, against: str, r: dict) -> dict:
+    return {"mode": label, "baseline": against, **{k: r.get(k) for k in (
+        "median", "base_median", "ratio", "paired_ratio", "cpu_ratio", "spread", "base_spread", "neighbours",
+        "steps", "tensors_per_step")}}
+
+
+def measure_model(bench: Bench, name: str) -> dict:
+    build = lambda: M.BUILDERS[name](quick=bench.quick)  # noqa: E731
+    torch._dynamo.reset()
+    base = build()
+    H.warm(base.step, bench.warmup)
+    est = bench.estimate(base.step)
+    comp = build()
+    comp.run_model = torch.compile(comp.model)
+    log(f"[{name}] inductor")
+    H.warm(comp.step, bench.warmup)
+    floor = build()
+    floor.run_model = torch.compile(floor.model, backend="aot_eager")
+    H.warm(floor.step, bench.warmup)
+    rows = []
+    log(f"[{name}] eager overflow watch vs plain eager")
+    rows.append(_row("eager overflow watch", "plain eager",
+                     bench.dump_mode("eager overflow watch", build, WATCH, base.step, graph=False, step_s=est)))
+    for label, against, step in (("plain compiled", "plain compiled (inductor)", comp.step),
+                                 ("aot_eager", "aot_eager (op by op, no watch)", floor.step),
+                                 ("plain eager", "plain eager", base.step)):
+        log(f"[{name}] graph overflow watch vs {label}")
+        rows.append(_row("graph overflow watch", against,
+                         bench.dump_mode("graph overflow watch", build, WATCH, step, graph=True, step_s=est)))
+    del comp, floor, base
+    torch._dynamo.reset()
+    return {"name": name, "describe": build().describe, "rows": rows}
+
+
+def _x(v) -> str:
+    return "–" if v is None else f"{v:.2f}×"
+
+
+def render(results: list, info: dict) -> str:
+    lines = [BEGIN, "## Overflow watch (op_debug_mode 3, every step)", "",
+             f"Measured by `.venv/bin/python bench/overflow_watch.py` on {info['date']} "
+             f"(torch {torch.__version__}, {torch.get_num_threads()} threads, opdump commit {info['commit']}; "
+             f"load average {info['load_start']} at start, {info['load_end']} at end; the machine is shared "
+             "with other jobs: read *paired* and *CPU-time* next to the ratio, and *neighbours*). "
+             f"Target: within {TARGET:.2f}× of the undumped step (eager: plain eager; graph: plain compiled). "
+             "No operator overflows in these runs: the figure is the watch itself (flags, references, one "
+             "host read per graph call / 256 operators), no file written.", ""]
+    for res in results:
+        lines += [f"### {res['name']}: {res['describe']}", "",
+                  "| mode | baseline | median ms | baseline ms | **ratio** | paired | CPU-time | steps | "
+                  "spread mode / base | neighbours |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in res["rows"]:
+            lines.append(f"| {r['mode']} | {r['baseline']} | {r['median'] * 1e3:.1f} | {r['base_median'] * 1e3:.1f} | "
+                         f"**{_x(r['ratio'])}** | {_x(r['paired_ratio'])} | {_x(r['cpu_ratio'])} | {r['steps']} | "
+                         f"{r['spread'] * 100:.0f}% / {r['base_spread'] * 100:.0f}% | {r['neighbours']:.2f} |")
+        lines.append("")
+    lines += info.get("notes", [])
+    lines.append(END)
+    return "\n".join(lines) + "\n"
+
+
+def write_block(path: str, block: str) -> None:
+    """Replace the marked block in ``path`` (or append it), written whole (temp + rename)."""
+    old = open(path, encoding="utf-8").read() if os.path.exists(path) else ""
+    pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END) + r"\n?", re.S)
+    new = pattern.sub(lambda _: block, old, count=1) if pattern.search(old) else old.rstrip("\n") + "\n\n" + block
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(new)
+    os.replace(tmp, path)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="transformer,alexnet")
+    ap.add_argument("--out", default=os.path.join(ROOT, "BENCHMARKS.md"))
+    ap.add_argument("--quick", action="store_true", help="small models, 2 timed steps (a smoke check)")
+    ap.add_argument("--notes", default=None, help="a file whose lines are appended to the block (findings)")
+    args = ap.parse_args(argv)
+    import subprocess
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip()
+    info = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit,
+            "load_start": " ".join(f"{x:.2f}" for x in os.getloadavg())}
+    bench = Bench(types.SimpleNamespace(quick=args.quick, tmp=None))
+    try:
+        results = [measure_model(bench, name) for name in filter(None, args.models.split(","))]
+    finally:
+        bench.cleanup()
+    info["load_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    if args.notes:
+        info["notes"] = open(args.notes, encoding="utf-8").read().rstrip("\n").split("\n") + [""]
+    block = render(results, info)
+    print(block)
+    write_block(args.out, block)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
