@@ -59,7 +59,7 @@ import time as _time
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from .files import mapped_file_name
+from .files import BIN_NAME_RE, mapped_file_name   # noqa: F401 (BIN_NAME_RE re-exported: one pattern)
 from .files import MAPPING_FILE, MAX_NAME_BYTES, PARAMETER_TYPE, STATISTIC_FILE   # noqa: F401 (re-exported)
 from .layout import CONSTANTS_DIR, EXECUTION_ORDER_DIR, GRAPHS_DIR, METADATA_DIR    # noqa: F401 (re-exported)
 from .names import sanitize
@@ -75,9 +75,6 @@ MODEL_NAME_PREFIX = "graph_"
 MODEL_NAME_RE = re.compile(r"^graph_(\d+)$")
 MODEL_ID_RE = re.compile(r"^\d+$")
 DATA_INDEX_RE = re.compile(r"^\d+$")
-#: a bin file: ``{op_type}.{op_name}.{task_id}.{stream_id}.{timestamp}``, no extension
-BIN_NAME_RE = re.compile(r"^(?P<op_type>[^.]+)\.(?P<op_name>[^.]+)\.(?P<task_id>\d+)\.(?P<stream_id>\d+)"
-                         r"\.(?P<timestamp>\d+)$")
 #: folders of a rank folder that are no model's data
 SPECIAL_DIRS = frozenset({METADATA_DIR, GRAPHS_DIR, EXECUTION_ORDER_DIR})
 #: file_format values of the layout ("bin" is the dialects' default)

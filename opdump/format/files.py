@@ -37,8 +37,10 @@ PARAMETER_TYPE = "Parameter"
 MAPPING_FILE = "mapping.csv"
 STATISTIC_FILE = "statistic.csv"
 
-#: an unconverted Ascend protobuf dump file: ``{op_type}.{op_name}.{task}.{stream}.{ts}``
-RAW_NAME_RE = re.compile(r"^[^.]+\.[^.]+\.\d+\.\d+\.\d+$")
+#: an Ascend bin (DumpData protobuf) dump file: ``{op_type}.{op_name}.{task_id}.{stream_id}.{timestamp}``,
+#: no extension (opdump's ACL layout writes these names too: :mod:`.acl_layout`)
+BIN_NAME_RE = re.compile(r"^(?P<op_type>[^.]+)\.(?P<op_name>[^.]+)\.(?P<task_id>\d+)\.(?P<stream_id>\d+)"
+                         r"\.(?P<timestamp>\d+)$")
 
 
 @dataclass(frozen=True)
@@ -143,8 +145,8 @@ def parse_kernel_args_name(name: str) -> Optional[str]:
 
 
 def is_raw_name(name: str) -> bool:
-    """An unconverted Ascend protobuf dump file."""
-    return bool(RAW_NAME_RE.match(name))
+    """An Ascend bin (DumpData protobuf) dump file."""
+    return bool(BIN_NAME_RE.match(name))
 
 
 # ---------------------------------------------------------------- mapping.csv
