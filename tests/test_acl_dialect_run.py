@@ -25,6 +25,7 @@ from opdump.config.loader import load_config
 from opdump.format import acl_layout as acl
 from opdump.format import ascend_bin
 from opdump.format.files import MAPPING_FILE, parse_mapping, parse_tensor_name
+from reliability_helpers import mount_tmpfs, umount
 
 
 class Tiny(torch.nn.Module):
@@ -336,13 +337,13 @@ def test_forbidden_combinations_name_the_field(tmp_path, config_file):
     assert _field_of(lambda: opdump.Session(cfg)) == "e2e_dump_settings.sample_mode"
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder, so it cannot be refused")
 def test_read_only_dump_path_is_refused(tmp_path):
+    """A read-only mount (refused even for root, who ignores permission bits)."""
     ro = tmp_path / "ro"
-    ro.mkdir()
-    ro.chmod(0o500)
+    mount_tmpfs(ro, "size=1m,ro")
     try:
         assert _field_of(lambda: opdump.Session(_acl_json(tmp_path, {"dump": {"dump_path": str(ro)}}))) == \
             "dump.dump_path"
+        assert os.listdir(ro) == []
     finally:
-        ro.chmod(0o700)
+        umount(ro)
