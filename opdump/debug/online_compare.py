@@ -38,6 +38,7 @@ import math
 import os
 import sys
 import warnings
+import weakref
 from collections import Counter
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -114,7 +115,7 @@ class _Held:
 class _Folder:
     """What the online compare knows of one iteration folder (graph × iteration)."""
 
-    def __init__(self, graph: int, iteration: int):
+    def __init__(self, graph: int, iteration: Optional[int]):
         self.graph, self.iteration = graph, iteration
         self.calls: Dict[Tuple[str, str, int], int] = {}
         self.order = 0
@@ -144,7 +145,7 @@ class OnlineCompare:
         self._held_bytes = 0
         self._ops = 0
         self._folders: Dict[str, _Folder] = {}
-        self._used: Dict[int, set] = {}               # iteration -> ids of reference tensors paired
+        self._used: Dict[Optional[int], set] = {}     # iteration (None: constants) -> ids of reference tensors paired
         self._sources: Dict[str, Tuple[str, str]] = {}
         self._warned = False
 
@@ -171,22 +172,33 @@ class OnlineCompare:
         dtype = dtype_name(tensor.dtype)
         nbytes = tensor.numel() * tensor.element_size()
         host_future = None
-        try:
-            copy, event, fmt = copy_out(tensor, self.config.trans_flag, rec.buffers)
-        except Exception as exc:   # noqa: BLE001 - the row is still written; this tensor is not saved
-            self._fail(exc)
-            copy = None
+        # the same tensor again, unmodified (an operator's input is an earlier one's output):
+        # its held copy, host statistics and device statistics are shared
+        seen = rec._seen_entry(tensor)
+        copy = seen.copy() if seen is not None and seen.copy is not None else None
+        if copy is not None and copy.acquire():
+            event, fmt, host_future = seen.event, seen.fmt, seen.host_future
+        else:
+            try:
+                copy, event, fmt = copy_out(tensor, self.config.trans_flag, rec.buffers)
+            except Exception as exc:   # noqa: BLE001 - the row is still written; this tensor is not saved
+                self._fail(exc)
+                copy = None
+            if copy is not None:
+                if rec.stats.needs_host_copy and copy.acquire():       # host statistics from the held copy
+                    host_future = rec.writer.submit(lambda: rec._write_job(folder, None, copy, event, True, 0))
+                if seen is None:
+                    seen = rec._remember(tensor)
+                seen.copy, seen.event, seen.fmt, seen.host_future = weakref.ref(copy), event, fmt, host_future
         if copy is not None:
             name = (parameter_file_name(op_name, ts, dtype) if parameter
                     else tensor_file_name(op.file_stem, 0, stream, ts, io, slot, fmt, dtype))
             self._held[(folder, ts)] = _Held(copy, event, name, nbytes)
-            self._held_bytes += nbytes
-            if rec.stats.needs_host_copy and copy.acquire():       # host statistics from the held copy
-                host_future = rec.writer.submit(lambda: rec._write_job(folder, None, copy, event, True, 0))
+            self._held_bytes += nbytes            # a shared copy counts twice: the bound errs on the safe side
         if op is not None and op.source and op_name not in self._sources:
             self._sources[op_name] = _user_frame(op.source)
         rec._queue_row(folder, (op_type, op_name, stream, ts, io, slot, nbytes, tensor.dtype,
-                                shape_text(tensor.shape)), tensor, None, host_future)
+                                shape_text(tensor.shape)), tensor, seen, host_future)
 
     # ------------------------------------------------------------------ per batch
     def judge(self, pending: Dict[str, List[tuple]], device_cells) -> None:
@@ -208,7 +220,8 @@ class OnlineCompare:
         st = self._folders.get(folder)
         if st is None:
             parent, name = os.path.split(os.path.normpath(folder))
-            st = self._folders[folder] = _Folder(int(os.path.basename(parent)), int(parse_iteration_dir(name)))
+            it = parse_iteration_dir(name)          # None: a graph's constants/ folder
+            st = self._folders[folder] = _Folder(int(os.path.basename(parent)), None if it is None else int(it))
         return st
 
     def _judge_folder(self, folder: str, rows: List[tuple], joined: List[str]) -> None:
@@ -258,7 +271,7 @@ class OnlineCompare:
         d: Dict[str, Any] = {
             "rank": self.session.rank, "net": self.config.net_name, "graph": st.graph, "iteration": st.iteration,
             "order": st.order, "op": f"{PARAMETER_TYPE}.{of}" if parameter else op_name, "op_file": of,
-            "op_type": op_type, "kind": "parameter" if parameter else "op", "io": io, "slot": slot, "call": call,
+            "op_type": op_type, "kind": ("parameter" if st.iteration is not None else "constant") if parameter else "op", "io": io, "slot": slot, "call": call,
             "dtype": dtype_name(dtype), "format": "DefaultFormat", "timestamp": ts, "task_id": 0,
             "stream_id": stream, "path": None, "nbytes": 0, "stat_row": True, "shape": shape,
         }
