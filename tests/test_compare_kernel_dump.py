@@ -135,6 +135,13 @@ def test_operator_dump_against_kernel_dump(dumps, tmp_path):
     assert summary["unmatched_b"] == [] and summary["first_divergence"] is None and code == 0
 
 
+def test_two_kernel_dumps_compare_kernel_by_kernel(dumps, tmp_path):
+    """Kernel dump against kernel dump: kernels pair with kernels by name, nothing is labelled."""
+    code, summary, rows = _compare(dumps["kernels"], dumps["kernels"], tmp_path)
+    assert {r["match"] for r in rows} == {"name"} and {r["verdict"] for r in rows} == {"pass"}
+    assert not summary["kernel_only_a"] and not summary["kernel_only_b"] and code == 0
+
+
 # ---------------------------------------------------------------- a wrong lowering
 _lib = torch.library.Library("opdump_test_kc", "DEF")
 _lib.define("scale2(Tensor x) -> Tensor")

@@ -32,6 +32,9 @@ What stays unpaired because of the kernel dump is labelled, not left as unmatche
   without a kernel), or an operator input when the kernel dump holds no inputs (kernel
   dumps record outputs).
 
+Two kernel dumps compare kernel by kernel (this matcher stays out: names and execution
+order pair them, as for any two dumps).
+
 Guarantees: only pairs the listing names are made (a buffer whose operator is not found
 stays free for the other matchers); every tensor ends in at most one pair; an unreadable
 or missing ``kernels.json`` leaves the dump to the other matchers.
@@ -198,11 +201,10 @@ class KernelMatcher(Matcher):
         return self._listings[(side, rank)]
 
     def __call__(self, m: Matching) -> None:
-        for side in (0, 1):
-            kt = m.A if side == 0 else m.B
-            if not kt:
-                continue
-            listing = self.listing(side, kt[0].rank)
+        listings = [self.listing(side, ts[0].rank) if ts else None for side, ts in ((0, m.A), (1, m.B))]
+        if all(listings):
+            return                   # two kernel dumps: kernels pair with kernels (names, order)
+        for side, listing in enumerate(listings):
             if listing is not None:
                 self._pair(m, side, listing)
 
