@@ -14,7 +14,6 @@ import torch.nn as nn
 
 import opdump
 from opdump.capture.eager import EagerCapture
-from opdump.config import ConfigError
 from opdump.debug.origin import ARGUMENT, INPUT, ON_PURPOSE, OPERATOR, judge
 from dumpfiles import find, tensor_files
 from conftest import write_config
