@@ -14,6 +14,7 @@ from collections import Counter
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -122,6 +123,29 @@ def test_kernel_dump_against_operator_dump(dumps, reference, tmp_path):
     # only the eager optimizer's operators (outside the compiled graphs) stay unmatched in B
     assert all("optimizer" in name for name in summary["unmatched_b"]), summary["unmatched_b"]
     assert summary["first_divergence"] is None and summary["first_difference"] is None
+    assert code == 0
+
+
+def test_statistics_only_dumps(dumps, tmp_path):
+    """``saved_data: "statistic"`` dumps (here: the dumps with their tensor files removed, which
+    leaves what a statistics-only run writes): the same pairs, judged on statistics, and the
+    slots of equal shape (``native_layer_norm``'s mean and rstd) told apart by their statistics."""
+    copies = {}
+    for mode in ("kernels", "operators"):
+        copies[mode] = str(tmp_path / mode)
+        shutil.copytree(dumps[mode], copies[mode])
+        for folder, _, files in os.walk(copies[mode]):
+            for name in files:
+                if name.endswith(".npy"):
+                    os.remove(os.path.join(folder, name))
+    out = tmp_path / "out"
+    out.mkdir()
+    code, summary, rows = _compare(copies["kernels"], copies["operators"], out)
+    stored, _ = _stored_buffers(dumps["kernels"])
+    paired = {(r["op"], int(r["slot"])): r for r in rows if r["match"] == "kernel buffer"}
+    assert set(paired) == stored
+    assert {r["mode"] for r in paired.values()} == {"statistics"}
+    assert {r["verdict"] for r in paired.values()} == {"pass"}, [r for r in paired.values() if r["verdict"] != "pass"]
     assert code == 0
 
 
