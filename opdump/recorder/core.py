@@ -153,6 +153,8 @@ class Recorder:
             items = slow
         for name, tensor in items:
             if isinstance(tensor, torch.Tensor) and not self._unsupported(tensor):
+                if self.online is not None:     # held copies within the budget, parameter by parameter
+                    self.online.make_room("input", (tensor,))
                 self._record(folder, PARAMETER_TYPE, name, "output", 0, tensor, parameter=True)
 
     def _native_sink(self):
