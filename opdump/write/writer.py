@@ -25,8 +25,8 @@ With ``low_priority`` the writer threads run at the lowest CPU priority (nice +1
 Linux; niceness is per thread there): on a machine whose cores the training step
 keeps busy (its own intra-op threads), the writer takes the idle moments instead
 of pre-empting the step, and it still runs whenever the step waits (on the byte
-budget above, at a flush).  The session asks for it when only device statistics
-are written (a little CPU work per step: on the 2-core bench machine AlexNet's
+budget above, at a flush).  The session asks for it when only statistics computed as
+tensors are recorded are written (device mode, or host mode without md5: a little CPU work per step: on the 2-core bench machine AlexNet's
 statistic dump went from 1.96x to 1.76x of the eager step); not for tensor files or
 host statistics, whose work must overlap the step to keep up with it (at nice +19
 the MLP's tensor dump fell from 74 % to 63 % of numpy.save's bytes per second, the
