@@ -287,3 +287,45 @@ def test_uninitialized_memory_is_not_an_overflow():
     watch.add(OpInfo(2, "mul", "Default"), [filled], [filled * float("inf")], False)   # a real origin
     watch.flush()
     assert [a[0].op_type for a in recorded] == ["mul"]
+
+
+SCRIPT = '''
+import torch, torch.nn as nn
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("scale", torch.ones(()))
+
+    def forward(self, x):
+        return (x.half() * self.scale.half()).float().sum()   # 10 * 1e4 overflows fp16
+
+model = Block()
+compiled = torch.compile(model)
+for step in range(3):
+    model.scale.fill_(1e4 if step == 2 else 1.0)
+    with torch.no_grad():
+        print("step", step, compiled(torch.full((8,), 10.0)).item())
+    import opdump; opdump.step()
+'''
+
+
+def test_opdump_run_no_eager(tmp_path):
+    """``opdump run --no-eager`` (a real subprocess): the script's own ``torch.compile`` is
+    routed to opdump's backend and the overflow at step 2 is found in the compiled graph."""
+    import subprocess
+    import sys
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    cfg = write_config(tmp_path, common={"op_debug_mode": 3})
+    env = {k: v for k, v in os.environ.items() if k not in ("OPDUMP_CONFIG", "MINDSPORE_DUMP_CONFIG")}
+    proc = subprocess.run([sys.executable, "-m", "opdump", "run", "--no-eager", "--config", cfg, str(script)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "step 2 inf" in proc.stdout
+    root = str(tmp_path / "dump")
+    body, rows = _summaries(root, 0, 2)
+    assert [(e["op_type"], e["source"].rsplit(":", 1)[-1]) for e in body["overflows"]] == [("mul", "10")]
+    assert [r["Op Name"] for r in rows] == [body["overflows"][0]["op"]]
+    assert _summaries(root, 0, 0)[0]["overflows"] == [] and _summaries(root, 0, 1)[0]["overflows"] == []
+    assert {(f.iteration, f.io) for f in tensor_files(root)} == {(2, "input"), (2, "output")}
