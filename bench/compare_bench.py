@@ -230,7 +230,7 @@ def machine() -> Dict[str, str]:
 
 
 def markdown(res: Dict) -> str:
-    lines = ["| dump | pair | cache | MB per side (files) | `opdump compare` wall s | CPU s | MB/s per side "
+    lines = ["| dump | pair | cache | MB per side (files) | command wall s | CPU s | MB/s per side "
              "| `compare()` s (MB/s) | load |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in res["runs"]:
@@ -279,8 +279,8 @@ def main(argv=None) -> int:
         for p in a.from_json:
             with open(p) as f:
                 r = json.load(f)
-            res["machine"] = res["machine"] or r["machine"]
-            res["runs"] += r["runs"]
+            res["machine"] = res["machine"] or r.get("machine", {})
+            res["runs"] += r["runs"]        # bench/msprobe_compare.py's results merge the same way
     else:
         import tempfile
         with tempfile.TemporaryDirectory() as work:

@@ -132,14 +132,14 @@ def run_compare(a: str, b: str, work: str) -> dict:
     return {"wall_s": wall, "cpu_s": cpu, "result_rows": rows, "steps": len(both)}
 
 
-def measure(root: str, shapes, repeat: int, work: str, log=print) -> dict:
+def measure(root: str, shapes, repeat: int, work: str, log=print, caches=("warm", "cold")) -> dict:
     from importlib.metadata import version
     res = {"version": version("mindstudio-probe"), "runs": []}
     for shape in shapes:
         d = ensure(root, shape, log)
         # compare the directories holding step*/rank*/dump.json
         mb, nfiles = data_bytes(d["a"])
-        for cache in ("warm", "cold"):
+        for cache in caches:
             walls, cpus, last = [], [], {}
             if cache == "warm":
                 run_compare(d["a"], d["b"], work)
@@ -169,11 +169,13 @@ def main(argv=None) -> int:
     ap.add_argument("--root", default="/tmp/opdump-cmp")
     ap.add_argument("--shapes", default="alexnet")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--caches", default="warm,cold")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
     import tempfile
     with tempfile.TemporaryDirectory() as work:
-        res = measure(a.root, a.shapes.split(","), a.repeat, work, log=lambda s: print(s, file=sys.stderr, flush=True))
+        res = measure(a.root, a.shapes.split(","), a.repeat, work, log=lambda s: print(s, file=sys.stderr, flush=True),
+                      caches=tuple(a.caches.split(",")))
     if a.json:
         with open(a.json + ".tmp", "w") as f:
             json.dump(res, f, indent=1)
