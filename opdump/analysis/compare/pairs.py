@@ -169,10 +169,18 @@ class Tensor:
     def shape_text(self) -> Optional[str]:
         if self.shape is None:
             return None
-        return "(" + ",".join(str(int(x)) for x in self.shape) + ")"
+        try:
+            return _shape_text(self.shape)
+        except TypeError:           # an unhashable shape (a list): not cached
+            return "(" + ",".join(str(int(x)) for x in self.shape) + ")"
 
 
 _base_type = lru_cache(maxsize=4096)(base_op_type)
+
+
+@lru_cache(maxsize=4096)
+def _shape_text(shape: tuple) -> str:
+    return "(" + ",".join(str(int(x)) for x in shape) + ")"
 
 
 @dataclass

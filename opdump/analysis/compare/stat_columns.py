@@ -45,15 +45,18 @@ def _column(rows: Sequence[Dict[str, Any]], key: str) -> Tuple[np.ndarray, np.nd
     vals = [r.get(key) for r in rows]
     if not set(map(type, vals)) <= _NUMBER_TYPES:
         vals = [_f(v) for v in vals]
-    known = np.fromiter((v is not None for v in vals), dtype=bool, count=len(vals))
-    arr = np.array(vals, dtype=np.float64)           # None -> NaN, masked by ``known``
-    return arr, known
+    obj = np.empty(len(vals), dtype=object)
+    obj[:] = vals
+    known = np.not_equal(obj, None)
+    arr = obj.astype(np.float64)                     # None -> NaN, masked by ``known``
+    return arr, known.astype(bool)
 
 
-def nonfinite_codes(rows: Sequence[Dict[str, Any]]) -> np.ndarray:
+def nonfinite_codes(rows: Sequence[Dict[str, Any]], columns: Optional[Dict[str, Tuple]] = None) -> np.ndarray:
     """:func:`opdump.analysis.common.stats_nonfinite` of every row: 1 (True), 0 (False),
-    -1 (None: cannot tell)."""
+    -1 (None: cannot tell).  ``columns``: :func:`_column` of the value keys, when already read."""
     n = len(rows)
+    columns = columns or {}
     count, kc = _column(rows, "count")
     size, ks = _column(rows, "data_size")
     empty = (kc & (count == 0)) | (ks & (size == 0))
@@ -68,7 +71,7 @@ def nonfinite_codes(rows: Sequence[Dict[str, Any]]) -> np.ndarray:
     any_nan = np.zeros(n, bool)
     any_known = np.zeros(n, bool)
     for k in _VALUES:
-        v, kv = _column(rows, k)
+        v, kv = columns[k] if k in columns else _column(rows, k)
         any_inf |= kv & np.isinf(v)
         any_nan |= kv & np.isnan(v)
         any_known |= kv
@@ -93,7 +96,9 @@ def judge_statistics(pairs: List[Pair], th, tolerance, random_rule) -> None:
     ra = [p.a.row for p in pairs]
     rb = [p.b.row for p in pairs]
     n = len(pairs)
-    na, nb = nonfinite_codes(ra), nonfinite_codes(rb)
+    col_a = {k: _column(ra, k) for k in _VALUES}
+    col_b = {k: _column(rb, k) for k in _VALUES}
+    na, nb = nonfinite_codes(ra, col_a), nonfinite_codes(rb, col_b)
     md5 = np.fromiter((_md5_equal(x, y) for x, y in zip(ra, rb)), dtype=bool, count=n)
     nf_diverged = ~md5 & (na >= 0) & (nb >= 0) & (na != nb)
     live = ~md5 & ~nf_diverged
@@ -105,8 +110,8 @@ def judge_statistics(pairs: List[Pair], th, tolerance, random_rule) -> None:
     values = []
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         for ki, k in enumerate(_VALUES):
-            a, ka = _column(ra, k)
-            b, kb = _column(rb, k)
+            a, ka = col_a[k]
+            b, kb = col_b[k]
             values.append((a, b))
             both = live & ka & kb
             nan_a, nan_b = np.isnan(a), np.isnan(b)
