@@ -11,8 +11,13 @@ fp16/bf16 ``torch.aminmax(t)`` (exact: finite, Inf only, or NaN), for fp32/fp64 
 (about half aminmax's cost on CPU: 0.26 vs 0.49 ms for 1.5 M fp32 elements on one thread),
 finite whenever ``t`` is; a non-finite sum (a finite tensor whose sum overflowed, or +Inf
 with -Inf) is settled exactly from the held tensor when the flags are read.  A tensor flagged
-earlier in the batch (an output that is the next operator's input, same version) reuses
-its flag: each tensor is reduced once, not once per use.
+earlier in the iteration (same object, same version, not written since) reuses its flag or
+value: each tensor is reduced once, not once per use.  Outputs of operators that cannot
+make Inf/NaN from finite inputs (:data:`FINITE_PRESERVING`: views, ``cat``, ``relu``…) get
+no reduction: finite when their inputs are, settled exactly otherwise.  Outputs of
+``empty``-like operators (:data:`UNINITIALIZED`) are never judged.  Not tracked: writes the
+watch is not told about (eager code outside the captured scope using ``_foreach_*_`` or
+``.data``, which move no version counter).
 
 Every :data:`BATCH` operators, before an in-place write to a tensor the batch still
 holds, at the end of each graph call and at the iteration's end, the flags are stacked
