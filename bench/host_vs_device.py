@@ -54,6 +54,7 @@ def measure(front: str, mode: str, tmp: str, eager_cls, rounds: int, per_round: 
             enter, exit_ = tog.enter, tog.exit
         sides = {"base": (base.step, None, None), "mode": (w.step, enter, exit_)}
         times = {"base": [], "mode": []}
+        cpu = {"base": [], "mode": []}
         for k, (step, en, ex) in sides.items():          # warm-up (compilation)
             if en:
                 en()
@@ -70,9 +71,10 @@ def measure(front: str, mode: str, tmp: str, eager_cls, rounds: int, per_round: 
                     en()
                 step()                                   # untimed first step of the block
                 for _ in range(per_round):
-                    t0 = time.perf_counter()
+                    t0, c0 = time.perf_counter(), time.process_time()
                     step()
                     times[k].append(time.perf_counter() - t0)
+                    cpu[k].append(time.process_time() - c0)
                 if ex:
                     ex()
         neighbours = H.others_cores(a, H.cpu_snapshot())
@@ -82,7 +84,7 @@ def measure(front: str, mode: str, tmp: str, eager_cls, rounds: int, per_round: 
             warnings.simplefilter("ignore")
             s.__exit__(None, None, None)
         shutil.rmtree(d, ignore_errors=True)
-    return times, neighbours
+    return times, cpu, neighbours
 
 
 def main() -> int:
@@ -97,18 +99,23 @@ def main() -> int:
     eager_cls, _ = eager_capture_class()
     for front in fronts:
         ratios = {"host": [], "device": []}
+        cpu_ratios = {"host": [], "device": []}
         steps = {"host": [], "device": [], "base": []}
         noise = []
         for _ in range(args.phases):
             for mode in ("host", "device"):
-                times, neighbours = measure(front, mode, tmp, eager_cls, args.rounds, args.per_round)
+                times, cpu, neighbours = measure(front, mode, tmp, eager_cls, args.rounds, args.per_round)
                 ratios[mode].append(statistics.median(times["mode"]) / statistics.median(times["base"]))
+                cpu_ratios[mode].append(statistics.median(cpu["mode"]) / statistics.median(cpu["base"]))
                 steps[mode] += times["mode"]
                 steps["base"] += times["base"]
                 noise.append(round(neighbours, 2))
         med = {k: statistics.median(v) for k, v in ratios.items()}
+        cmed = {k: statistics.median(v) for k, v in cpu_ratios.items()}
         print(json.dumps({"front": front, "ratio_vs_plain_eager": med, "per_phase": ratios,
                           "host/device": med["host"] / med["device"],
+                          "cpu_time_ratio_vs_plain_eager": cmed, "cpu_per_phase": cpu_ratios,
+                          "cpu host/device": cmed["host"] / cmed["device"],
                           "median_ms": {k: statistics.median(v) * 1e3 for k, v in steps.items()},
                           "spread": {k: (max(v) - min(v)) / statistics.median(v) for k, v in steps.items()},
                           "neighbours": noise, "steps_per_side": len(steps["host"])}), flush=True)
