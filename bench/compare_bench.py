@@ -255,7 +255,8 @@ def update_section(path: str, res: Dict, note: str = "") -> None:
     text = open(path).read() if os.path.exists(path) else ""
     if BEGIN in text and END in text:
         head, rest = text.split(BEGIN, 1)
-        text = head + body + rest.split(END, 1)[1].lstrip("\n")
+        after = rest.split(END, 1)[1].lstrip("\n")
+        text = head + body + ("\n" + after if after else "")       # one blank line before the next block
     else:
         text = text.rstrip("\n") + "\n\n" + body
     tmp = path + ".tmp"
