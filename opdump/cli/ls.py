@@ -1,0 +1,122 @@
+"""``opdump ls``: a dump's summary per rank/graph/iteration, its operators, tensor files or
+statistics rows, and the debug modes' findings (exception records, watcher changes).
+Exit code 0, 2 on error (an empty dump: nothing to analyse)."""
+from __future__ import annotations
+
+from .analysis_commands import _err, _open, _pd_print, parse_iterations
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024.0
+    return str(n)
+
+
+def _select(df, args, iterations):
+    """Rows of ``df`` in the ``--rank``, ``--graph`` and ``--iteration`` the user asked for."""
+    if args.rank is not None:
+        df = df[df["rank"] == args.rank]
+    if args.graph is not None:
+        df = df[df["graph"] == args.graph]
+    if iterations is not None:
+        df = df[df["iteration"].isin(iterations)]
+    return df
+
+
+def cmd_ls(args) -> int:
+    try:
+        d = _open(args.path)
+    except Exception as e:  # noqa: BLE001 - reported, exit 2
+        return _err(str(e))
+    try:
+        its = parse_iterations(args.iteration)
+    except ValueError as e:
+        return _err(str(e))
+    rec = _select(d.records(), args, its)
+    print(f"dump: {d.path}")
+    for rid in d.rank_ids:
+        r = d.ranks[rid]
+        cfg = r.config or {}
+        who = ", ".join(f"{k}={v}" for k, v in cfg.items() if k in ("device_target", "ms_version", "opdump_version",
+                                                                      "torch_version", "device_name"))
+        saved = (r.data_dump.get("common_dump_settings") or {}).get("saved_data") if r.data_dump else None
+        state = {True: "complete", False: "INCOMPLETE", None: "no manifest"}[r.complete]
+        if r.complete is False:
+            from ..write.manifest import describe as describe_manifest
+            state += describe_manifest(r.manifest, str(r.path))
+        print(f"rank {rid}: {who or 'no config.json'}; saved_data={saved or '?'}; {state}; "
+              f"graphs {sorted(r.graphs)}")
+        from opdump.debug.exception_records import describe as describe_exception, exception_records
+        for record in exception_records(str(r.path)):             # op_debug_mode 4
+            print(f"  {describe_exception(record)}")
+    if not (args.ops or args.tensors or args.stats):
+        from opdump.analysis.watcher_report import ls_lines      # watcher mode's findings, one line per iteration
+        for line in ls_lines(args.path):
+            print(line)
+    if args.ops:
+        ops = _select(d.ops(), args, None)
+        ops = ops.assign(source=[f"{f}:{int(l)}" if isinstance(f, str) and l == l and l is not None else ""
+                                 for f, l in zip(ops["file"], ops["line"])])
+        cols = ["rank", "graph", "index", "kind", "op_type", "full_name", "source"]
+        if args.csv:
+            ops.to_csv(args.csv, index=False)
+            print(f"wrote {len(ops)} operators to {args.csv}")
+        else:
+            _pd_print(ops[cols], args.limit)
+        return 0
+    if args.tensors or args.stats:
+        if args.stats:
+            df = _select(d.statistics(), args, its)
+            cols = [c for c in ["rank", "graph", "iteration", "op", "io", "slot", "dtype", "shape", "max", "min",
+                                "avg", "l2norm", "nan_count", "positive_inf_count", "negative_inf_count"]
+                    if c in df.columns]
+        else:
+            df = _select(d.tensors(), args, its)
+            cols = ["rank", "graph", "iteration", "op", "io", "slot", "dtype", "shape", "nbytes"] + (
+                ["source"] if args.paths else [])      # source: the path, or {bin file}:{io}.{slot}
+        if args.csv:
+            df.to_csv(args.csv, index=False)
+            print(f"wrote {len(df)} rows to {args.csv}")
+        else:
+            _pd_print(df[cols], args.limit)
+        return 0
+    if rec.empty:
+        if d.records().empty and d.ops().empty:      # not a narrow selection: an empty dump
+            from opdump.analysis.common import nothing_to_analyse
+            return _err(nothing_to_analyse(d, "operators, tensor files or statistics rows"))
+        print("no tensors and no statistics")
+        return 0
+    summ = d.summary()
+    summ = summ[summ["rank"].isin(set(rec["rank"])) & summ["graph"].isin(set(rec["graph"]))]
+    if its is not None:
+        summ = summ[summ["iteration"].isin(its)]
+    total = int(summ["bytes"].sum())
+    summ["size"] = [_human(b) for b in summ["bytes"]]
+    if args.csv:
+        summ.to_csv(args.csv, index=False)
+        print(f"wrote the summary to {args.csv}")
+    else:
+        _pd_print(summ.drop(columns="bytes"), args.limit)
+    print(f"total: {int(summ['tensors'].sum())} tensor files, {_human(total)}")
+    return 0
+
+
+def register_ls(subparsers) -> None:
+    """Add ``ls`` to an argparse subparsers object."""
+    p = subparsers.add_parser("ls", help="summarise a dump (opdump's or MindSpore's); list ops, tensors, statistics",
+                              description="Summary per rank/graph/iteration: operators, tensors, bytes. "
+                                          "PATH: the dump root, a rank_N folder, or a folder inside one.")
+    p.add_argument("path")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--ops", action="store_true", help="list the operators (execution order, source line)")
+    g.add_argument("--tensors", action="store_true", help="list the tensor files")
+    g.add_argument("--stats", action="store_true", help="list the statistic.csv rows")
+    p.add_argument("--rank", type=int)
+    p.add_argument("--graph", type=int)
+    p.add_argument("--iteration", help="iterations, e.g. 0|5-8")
+    p.add_argument("--paths", action="store_true", help="with --tensors: show file paths")
+    p.add_argument("--limit", type=int, default=200, help="rows to print (default 200)")
+    p.add_argument("--csv", help="write the table to this CSV file instead of printing it")
+    p.set_defaults(func=cmd_ls)
