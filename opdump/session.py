@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
-import json
 import os
-import platform
 import threading
 import time
 import warnings
@@ -47,6 +45,7 @@ from .write.dump_folder import open_rank_folder
 from .write.acl_layout import AclLayout, open_acl_folder
 from .write.layout import Layout
 from .write.manifest import Manifest, iteration_ranges
+from .write.run_metadata import write_run_metadata
 from .write.safe_fs import DumpTree
 from .write.writer import BackgroundWriter
 
@@ -400,19 +399,7 @@ class Session:
             self.writer.fail(exc)
 
     def _write_metadata(self) -> None:
-        layout = self._layout
-        cfg = self.config
-        source = cfg.source_bytes if cfg.source_bytes is not None else json.dumps(
-            _config_as_json(cfg), indent=2).encode()
-        layout.write_small(os.path.join(layout.metadata_dir, "data_dump.json"), source)
-        device = "CPU"
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            device = "GPU"
-        meta = {"device_target": device, "opdump_version": __version__, "torch_version": torch.__version__,
-                "python_version": platform.python_version(), "rank": self.rank}
-        if device == "GPU":
-            meta["device_name"] = torch.cuda.get_device_name()
-        layout.write_small(os.path.join(layout.metadata_dir, "config.json"), json.dumps(meta).encode())
+        write_run_metadata(self._layout, self.config, self.rank)
         self._write_manifest(complete=False)
 
     def _write_manifest(self, complete: bool, running: bool = True) -> None:
@@ -453,21 +440,3 @@ class Session:
         dumped iterations run op by op under the overflow watch, README "Debug dumps")."""
         from .capture.graph.backend import backend as _backend
         return _backend(real, session=self, **real_options)
-
-
-def _config_as_json(cfg: DumpConfig) -> dict:
-    return {
-        "common_dump_settings": {
-            "op_debug_mode": cfg.op_debug_mode, "dump_mode": cfg.dump_mode, "path": cfg.path,
-            "net_name": cfg.net_name, "iteration": str(cfg.iteration), "saved_data": cfg.saved_data,
-            "input_output": cfg.input_output, "kernels": list(cfg.kernels),
-            "support_device": list(cfg.support_device), "statistic_category": list(cfg.statistic_category),
-        },
-        "e2e_dump_settings": {"enable": cfg.enable, "trans_flag": cfg.trans_flag,
-                              "stat_calc_mode": cfg.stat_calc_mode,
-                              "sample_mode": cfg.sample_mode, "sample_num": cfg.sample_num,
-                              "save_kernel_args": cfg.save_kernel_args,
-                              **({"watcher": {"watcher_nodes": list(cfg.watcher_nodes),
-                                              **({"layer": list(cfg.watcher_layer)} if cfg.watcher_layer else {})}}
-                                 if cfg.dump_scene == "watcher" else {})},
-    }

@@ -1,6 +1,5 @@
 """watch conditions, and the CLI subcommands (in-process through argparse, and as
 subprocesses once the main CLI exists)."""
-import argparse
 import json
 import os
 import shutil
@@ -14,7 +13,7 @@ import pytest
 from analysis_fixtures import LINES, MS_SAMPLE, file_of, make_dump
 from opdump.analysis.reader import open_dump
 from opdump.analysis.watch import Condition, watch
-from opdump.cli import analysis_commands as ac
+from opdump.cli.main import build_parser
 
 REPO = Path(__file__).resolve().parents[1]
 needs_sample = pytest.mark.skipif(not MS_SAMPLE.is_dir(), reason=f"MindSpore sample dump not found at {MS_SAMPLE}")
@@ -77,10 +76,7 @@ def test_watch_from_statistics(tmp_path):
 
 
 def _run(argv):
-    p = argparse.ArgumentParser(prog="opdump")
-    sp = p.add_subparsers(dest="cmd", required=True)
-    ac.register(sp)
-    a = p.parse_args(argv)
+    a = build_parser().parse_args(argv)
     return a.func(a)
 
 

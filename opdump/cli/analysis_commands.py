@@ -284,10 +284,7 @@ def cmd_watch(args) -> int:
 # ----------------------------------------------------------------------------- register
 
 def register(subparsers) -> None:
-    """Add ``ls``, ``locate``, ``overflow``, ``compare``, ``watch`` to an argparse subparsers object."""
-    from .ls import register_ls
-    register_ls(subparsers)
-
+    """Add ``locate``, ``overflow``, ``compare``, ``watch`` to an argparse subparsers object."""
     p = subparsers.add_parser("locate", help="operators of a script line (file:line), or an operator's line and files",
                               description="WHERE is FILE:LINE (train.py:175) -> the forward and backward operators of "
                                           "that line and their dump files per iteration; or an operator name (full, "

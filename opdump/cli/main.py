@@ -17,6 +17,8 @@ def build_parser() -> argparse.ArgumentParser:
     run_cmd.register(sub)
     from . import demo as demo_cmd
     demo_cmd.register(sub)
+    from .ls import register_ls
+    register_ls(sub)
     from . import analysis_commands
     analysis_commands.register(sub)
     from . import triage as triage_cmd
