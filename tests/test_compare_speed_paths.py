@@ -285,3 +285,84 @@ def test_real_eager_statistics_dumps_equal_the_per_pair_path(tmp_path):
     assert (got.table["verdict"] == "unmatched").any()        # the extra operators of A
     for p in Path(a).rglob("statistic.csv"):
         _same_rows(S.read_statistic_csv(p), reference_read_statistic_csv(p))
+
+
+# ---------------------------------------------------------------- tensors built column-wise, GC paused
+_FIELDS = ("rank", "iteration", "graph", "op", "op_file", "op_type", "kind", "io", "slot", "call", "order",
+           "call_key", "tensor_key")
+
+
+def _reference_tensors(rec):
+    """``tensors_of_records``' loop before :mod:`.fields`: ``Tensor(row)`` per record,
+    fields computed by the cached properties."""
+    from opdump.analysis.compare.pairs import Tensor
+    out = []
+    for r in rec.to_dict("records"):
+        it = r["iteration"]
+        try:
+            r["iteration"] = None if it is None or it != it else int(it)
+        except TypeError:  # pd.NA
+            r["iteration"] = None
+        out.append(Tensor(r))
+    return out
+
+
+@pytest.mark.parametrize("saved_data", ["statistic", "tensor", "full"])
+def test_tensors_built_column_wise_equal_tensor_of_each_row(tmp_path, saved_data):
+    from opdump.analysis.compare.fields import make_tensors
+    d = make_dump(tmp_path / "d", iterations=(0, 1), saved_data=saved_data, stats=STATS, extra_op=True)
+    rec = open_dump(d).records()
+    rec = rec[rec["iteration"].notna() | (rec["kind"] == "constant")]
+    got, ref = make_tensors(rec), _reference_tensors(rec)
+    assert len(got) == len(ref) > 10
+    for x, y in zip(got, ref):
+        assert list(x.row) == list(y.row)
+        for k in x.row:
+            u, v = x.row[k], y.row[k]
+            assert type(u) is type(v) and (u == v or u is v or (u != u and v != v)), (k, u, v)
+        for k in _FIELDS:                 # y computes them now, x had them filled
+            assert getattr(x, k) == getattr(y, k) and type(getattr(x, k)) is type(getattr(y, k)), k
+        assert (x.shape, x.np_dtype, x.problem, x.layout) == (None, None, None, None)
+        assert x.dtype == y.dtype and x.path == y.path and x.has_stats == y.has_stats
+
+
+def test_tensors_with_a_cell_int_cannot_read_fall_back_to_the_properties(tmp_path):
+    """A slot that is not a number: the fields are left to the properties, which raise as before."""
+    from opdump.analysis.compare.fields import make_tensors
+    rec = open_dump(make_dump(tmp_path / "d", iterations=(0,), saved_data="statistic")).records()
+    rec = rec.astype({"slot": object})
+    rec.loc[rec.index[0], "slot"] = "x"
+    got = make_tensors(rec)
+    assert got[1].slot == _reference_tensors(rec)[1].slot
+    with pytest.raises(ValueError):
+        got[0].slot
+
+
+def test_compare_runs_with_the_collector_paused_and_restores_it(tmp_path):
+    import gc
+    from opdump.analysis.compare.gcpause import gc_paused
+    seen = []
+    f = gc_paused(lambda: seen.append(gc.isenabled()) or 7)
+    assert gc.isenabled()
+    assert f() == 7 and seen == [False] and gc.isenabled()
+    gc.disable()
+    try:
+        f()
+        assert not gc.isenabled()          # a caller's choice is kept
+    finally:
+        gc.enable()
+
+    def boom():
+        raise KeyError("x")
+    with pytest.raises(KeyError):
+        gc_paused(boom)()
+    assert gc.isenabled()
+    d = make_dump(tmp_path / "d", iterations=(0,), saved_data="statistic")
+    assert len(compare(d, d, progress=False).table) and gc.isenabled()
+
+
+def test_reader_sanitize_memo_equals_the_rule():
+    from opdump.analysis.reader.names_cache import sanitize as memo
+    from opdump.format.names import sanitize
+    for name in ["Default/net-Net/add-op1", "a b:c*d?e\"f<g>h|i\\j", "", "x\x00y", "Default/add-op1"] * 2:
+        assert memo(name) == sanitize(name)

@@ -23,6 +23,8 @@ from .frontend import RULE_FRONT_END
 from .match import default_matchers, match
 from .kernels import KERNEL_RULES, with_kernels
 from .pairs import TABLE_COLUMNS, Pair, Tensor
+from .fields import make_tensors
+from .gcpause import gc_paused
 from .pool import default_workers, run_pairs
 from .result import RULE_FIRST_DIFFERENCE, RULE_THRESHOLDS, CompareResult
 from .verdict import Thresholds, judge_metrics, judge_pair, judge_statistics
@@ -95,14 +97,7 @@ def tensors_of_records(rec) -> List[Tensor]:
     if rec.empty:
         return []
     rec = rec[rec["iteration"].notna() | (rec["kind"] == "constant")]
-    out = []
-    for r in _records(rec):
-        it = r["iteration"]
-        try:
-            r["iteration"] = None if it is None or it != it else int(it)
-        except TypeError:  # pd.NA
-            r["iteration"] = None
-        out.append(Tensor(r))
+    out = make_tensors(rec)                   # Tensor(row) per record, built column-wise (.fields)
     with_file = [t for t in out if t.path]
     for t, lay in zip(with_file, _layouts([t.path for t in with_file])):
         if isinstance(lay, Exception):
@@ -198,6 +193,7 @@ def _open(x: Union[str, os.PathLike, Dump]) -> Dump:
     return x if isinstance(x, Dump) else open_dump(x)
 
 
+@gc_paused                                  # 2.8 of 13 s on 136,000 rows (.gcpause)
 def compare(a: Union[str, os.PathLike, Dump], b: Union[str, os.PathLike, Dump], *,
             mapping: Union[None, str, os.PathLike, Sequence[Tuple[str, str]]] = None,
             rank: Optional[int] = None, rank_b: Optional[int] = None,

@@ -14,14 +14,16 @@ from bisect import bisect_right
 from typing import Any, Dict, List, Optional, Tuple
 
 from ...format.files import PARAMETER_TYPE
-from ...format.names import op_type_of, sanitize
+from ...format.names import op_type_of
+from .names_cache import sanitize
 from .containers import Graph, Iteration
 from .statistics import STAT_COLUMNS
 
 COLUMNS = ["rank", "net", "graph", "iteration", "order", "exec_index", "op", "op_file", "op_type", "kind",
            "io", "slot", "call", "dtype", "format", "timestamp", "task_id", "stream_id", "path", "nbytes",
            "stat_row", "shape", "data_size"]
-_STAT_SKIP = ("op", "op_type", "io", "slot", "call", "dtype", "timestamp", "task_id", "stream_id", "_net", "format")
+_STAT_SKIP = frozenset(("op", "op_type", "io", "slot", "call", "dtype", "timestamp", "task_id", "stream_id",
+                        "_net", "format"))     # a set: tested for each cell of each statistics row
 
 
 def execution_positions(it: Iteration, g: Optional[Graph]) -> Dict[str, List[int]]:

@@ -18,7 +18,8 @@ from typing import Any, Dict, List, Optional, Tuple
 from ...format import files as ff
 from ...format import layout as fl
 from ...format.listing import parse_graph_json
-from ...format.names import kind_of_name, op_type_of, sanitize, scope_of
+from ...format.names import kind_of_name, op_type_of, scope_of
+from .names_cache import sanitize
 from .containers import Graph, Iteration, Rank
 from .bins import bin_tensor_files
 from .files import TensorFile
