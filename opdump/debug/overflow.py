@@ -70,6 +70,26 @@ UNINITIALIZED = frozenset(("empty", "empty_like", "empty_strided", "new_empty", 
                            "empty_permuted", "resize_", "resize_as_"))
 
 
+def needs_prewrite_copy(op_type: str, overload: str, flagged: bool) -> bool:
+    """Must the arguments an in-place operator writes be copied before it runs?
+
+    No for a :data:`FINITE_PRESERVING` operator (``relu_``, ``zero_``, ``fill_``,
+    ``clamp_``…) called with no non-finite scalar argument and no dtype conversion.  Why
+    that is safe: the copy exists only so that, if this operator turns out to be an
+    overflow origin, its recorded inputs are the values before the write.  Such an
+    operator cannot be an origin: its output holds Inf/NaN only where its input already
+    did (finite inputs and finite scalars give finite values).  Judged without the copy,
+    its input is the written tensor itself, so input and output carry the same values and
+    :func:`.origin.judge` never gives it the :data:`~.origin.OPERATOR` verdict either: the
+    verdict is unchanged, and its pre-write input, never recorded, is not needed.  Nor is
+    it needed by a later operator: a later one reads the tensor after the write, and it is
+    the post-write value the watch holds and records for it.  The batch is still judged
+    before the write when it holds the tensor (:meth:`OverflowWatch.before_write`), so an
+    earlier origin whose output this operator overwrites is recorded with its own values.
+    """
+    return flagged or overload == "dtype" or op_type not in FINITE_PRESERVING
+
+
 def _storage(t: torch.Tensor) -> Optional[int]:
     try:
         return t.untyped_storage().data_ptr()

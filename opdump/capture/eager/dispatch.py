@@ -14,6 +14,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ...debug.overflow import needs_prewrite_copy
 from ..naming import backward_scope
 from ..op_info import OpInfo
 from .schema import facts_of
@@ -200,9 +201,10 @@ class OperatorPath:
         if facts.writes:
             written = inputs if facts.writes_list else tensors_at(args, kwargs, facts.written)
             watch.before_write(written)
-            ids = {id(t) for t in written}
-            saved = [t.detach().clone() if id(t) in ids else t for t in inputs]
-            cloned = [c for c, t in zip(saved, inputs) if c is not t]
+            if facts.writes_list or needs_prewrite_copy(op.op_type, op.overload, op.nonfinite_args):
+                ids = {id(t) for t in written}
+                saved = [t.detach().clone() if id(t) in ids else t for t in inputs]
+                cloned = [c for c, t in zip(saved, inputs) if c is not t]
         out = func(*args, **kwargs)
         if written:      # recorded copies of what it wrote are stale
             forget = self.session.recorder.forget

@@ -1,0 +1,131 @@
+"""The eager overflow watch's cheaper paths (``op_debug_mode`` 3; README "Debug dumps"):
+in-place operators that cannot make Inf/NaN from finite values (``relu_``, ``zero_``…,
+:data:`opdump.debug.overflow.FINITE_PRESERVING`) get no pre-write copy, and the dumps stay
+exactly what an independent plain-eager recomputation gives -- for an origin that reads
+what such an operator wrote, and for an origin whose output such an operator overwrites.
+Real eager runs of tiny models; the copies are counted by a real outer dispatch mode."""
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import opdump
+from opdump.capture.eager import EagerCapture
+from opdump.debug.overflow import needs_prewrite_copy
+from dumpfiles import tensor_files
+from conftest import write_config
+
+
+@pytest.mark.parametrize("op_type, overload, flagged, needed", [
+    ("relu_", "default", False, False), ("zero_", "default", False, False),
+    ("fill_", "Scalar", False, False), ("clamp_", "default", False, False),
+    ("fill_", "Scalar", True, True),          # a non-finite scalar: may be an on-purpose origin
+    ("mul_", "Tensor", False, True), ("add_", "Tensor", False, True),
+    ("copy_", "default", False, True),        # fp32 -> fp16 copies overflow
+])
+def test_which_in_place_operators_are_copied(op_type, overload, flagged, needed):
+    assert needs_prewrite_copy(op_type, overload, flagged) is needed
+
+
+class _Clones(TorchDispatchMode):
+    """Counts ``clone`` calls that reach it: under opdump's mode, the watch's pre-write copies."""
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.clone.default:
+            self.n += 1
+        return func(*args, **(kwargs or {}))
+
+
+class TwoWrites(nn.Module):
+    def forward(self, a):
+        b = a + 1
+        b.relu_()                    # finite-preserving: no copy
+        b.mul_(3)                    # may overflow: copied before it runs
+        return b
+
+
+def test_relu_in_place_is_not_copied_mul_in_place_is(tmp_path):
+    cfg = write_config(tmp_path, common={"op_debug_mode": 3})
+    counter = _Clones()
+    with counter, opdump.Session(cfg) as session, EagerCapture(session):
+        out = TwoWrites()(torch.randn(16))
+        session.step()
+    assert counter.n == 1, "only mul_'s written argument is copied"
+    assert torch.isfinite(out).all()
+
+
+class ReluThenOrigin(nn.Module):
+    """``relu_`` writes ``h``; the next ``mul`` overflows reading it."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.register_buffer("scale", torch.ones(()))
+
+    def forward(self, x):
+        h = self.fc(x).half() * 100.0
+        h.relu_()
+        g = h * self.scale.half()        # the origin when scale is 1e4
+        return g.float().sum()
+
+
+class OriginThenRelu(nn.Module):
+    """The ``mul`` overflows (to +Inf and -Inf), then ``relu_`` overwrites its output."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.register_buffer("scale", torch.ones(()))
+
+    def forward(self, x):
+        h = self.fc(x).half() * 100.0
+        g = h * self.scale.half()        # the origin when scale is 1e4
+        g.relu_()                        # its -Inf become 0 after the origin ran
+        return g.float().sum()
+
+
+def _watched(tmp_path, cls):
+    torch.manual_seed(0)
+    model = cls()
+    model.scale.fill_(1e4)
+    x = torch.randn(4, 8)
+    cfg = write_config(tmp_path, common={"op_debug_mode": 3})
+    with opdump.Session(cfg) as session, EagerCapture(session):
+        model(x)
+        session.step()
+    files = tensor_files(str(tmp_path / "dump"))
+    names = {f.op_name for f in files}
+    assert len(names) == 1, names                     # one origin, nothing else
+    (name,) = names
+    assert "_mul-op" in name and "relu" not in name
+    return model, x, files, name
+
+
+def _load(files, op_name, io, slot):
+    return next(f for f in files if f.op_name == op_name and f.io == io and f.slot == slot).load()
+
+
+def test_origin_after_relu_in_place_dumps_its_real_inputs(tmp_path):
+    model, x, files, name = _watched(tmp_path, ReluThenOrigin)
+    with torch.no_grad():                             # an independent plain-eager recomputation
+        h = torch.relu(model.fc(x).half() * 100.0)
+        g = h * model.scale.half()
+    assert np.array_equal(_load(files, name, "input", 0), h.numpy())
+    assert np.array_equal(_load(files, name, "output", 0), g.numpy())
+    assert np.isinf(g.numpy()).any()
+
+
+def test_origin_overwritten_by_relu_in_place_keeps_its_output(tmp_path):
+    model, x, files, name = _watched(tmp_path, OriginThenRelu)
+    with torch.no_grad():
+        h = model.fc(x).half() * 100.0
+        g = h * model.scale.half()
+    out = _load(files, name, "output", 0)
+    assert np.isneginf(out).any(), "the values the origin made, before relu_ overwrote them"
+    assert np.array_equal(out, g.numpy())
+    assert np.array_equal(_load(files, name, "input", 0), h.numpy())
