@@ -129,3 +129,46 @@ def test_origin_overwritten_by_relu_in_place_keeps_its_output(tmp_path):
     assert np.isneginf(out).any(), "the values the origin made, before relu_ overwrote them"
     assert np.array_equal(out, g.numpy())
     assert np.array_equal(_load(files, name, "input", 0), h.numpy())
+
+
+class _Sums(TorchDispatchMode):
+    """Counts the ``sum`` reductions that reach it: under opdump's mode, the watch's fp32 flags."""
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.sum.default:
+            self.n += 1
+        return func(*args, **(kwargs or {}))
+
+
+class Chained(nn.Module):
+    def forward(self, a):
+        b = a + 0
+        b.mul_(2)
+        b.mul_(1e30)                 # overflows fp32 (a = 1e10): the origin
+        return b
+
+
+def test_chained_in_place_writes_reduce_each_value_once(tmp_path):
+    cfg = write_config(tmp_path, common={"op_debug_mode": 3})
+    counter = _Sums()
+    with counter, opdump.Session(cfg) as session, EagerCapture(session):
+        Chained()(torch.full((8,), 1.0))           # no overflow: nothing recorded, no statistic
+        session.step()
+    # a, b after add, after the first mul_, after the second: the copies taken before each
+    # mul_ reuse the value read when the batch was judged before the write (was 6)
+    assert counter.n == 4
+
+
+def test_chained_in_place_origin_keeps_its_input(tmp_path):
+    cfg = write_config(tmp_path, common={"op_debug_mode": 3})
+    with opdump.Session(cfg) as session, EagerCapture(session):
+        Chained()(torch.full((8,), 1e10))
+        session.step()
+    files = tensor_files(str(tmp_path / "dump"))
+    assert {f.op_name for f in files} == {"Default_Chained_mul_-op2"}
+    assert (_load(files, "Default_Chained_mul_-op2", "input", 0) == 2e10).all()
+    assert np.isposinf(_load(files, "Default_Chained_mul_-op2", "output", 0)).all()

@@ -132,6 +132,7 @@ class OverflowWatch:
         self._indexed = 0                      # calls whose tensors are in _storages
         self._events: List[tuple] = []         # (where, event)
         self._touched: Dict[str, None] = {}    # folders written this iteration (graph calls), in order
+        self._prewrite: Dict[int, Optional[float]] = {}  # id(written tensor) -> its value before the write
         self._on_purpose: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()
         self._broken = False
 
@@ -226,24 +227,50 @@ class OverflowWatch:
     def before_write(self, written: Sequence[torch.Tensor]) -> None:
         """An operator is about to write ``written``: judge the batch first if it holds one of
         them (its recorded values must be the ones before the write)."""
-        known = self._known
-        for t in written:                  # their values read in earlier batches are stale
-            known.pop(id(t), None)
         calls = self._calls
-        if not calls:
-            return
+        if calls:
+            try:
+                storages = self._storages
+                for call in calls[self._indexed:]:
+                    private = call.private
+                    for t in call.inputs + call.outputs:
+                        if isinstance(t, torch.Tensor) and id(t) not in private:
+                            storages.add(_storage(t))
+                self._indexed = len(calls)
+                if any(_storage(t) in storages for t in written if isinstance(t, torch.Tensor)):
+                    self.flush()
+            except Exception as exc:   # noqa: BLE001 - never into the training thread
+                self._fail(exc)
+        known, prewrite = self._known, {}
         try:
-            storages = self._storages
-            for call in calls[self._indexed:]:
-                private = call.private
-                for t in call.inputs + call.outputs:
-                    if isinstance(t, torch.Tensor) and id(t) not in private:
-                        storages.add(_storage(t))
-            self._indexed = len(calls)
-            if any(_storage(t) in storages for t in written if isinstance(t, torch.Tensor)):
-                self.flush()
+            for t in written:       # their values read so far are stale after the write...
+                entry = known.pop(id(t), None)
+                if entry is not None and entry[0]() is t and entry[1] == t._version:
+                    prewrite[id(t)] = entry[2]      # ...but still those of its pre-write copy
         except Exception as exc:   # noqa: BLE001 - never into the training thread
             self._fail(exc)
+        self._prewrite = prewrite
+
+    def copy_written(self, inputs: Sequence, written: Sequence[torch.Tensor]) -> tuple:
+        """``(saved, cloned)``: ``inputs`` with a private copy of each tensor in ``written``
+        (taken now, before the operator writes it) and the list of those copies.  A copy
+        whose tensor's value is already known this iteration (read by :meth:`before_write`'s
+        judging, or an earlier batch) reuses that value: no reduction of its own."""
+        ids = {id(t) for t in written}
+        prewrite, self._prewrite = self._prewrite, {}
+        saved, cloned = [], []
+        for t in inputs:
+            if id(t) in ids:
+                c = t.detach().clone()
+                cloned.append(c)
+                if id(t) in prewrite:
+                    try:
+                        self._known[id(c)] = (weakref.ref(c), c._version, prewrite[id(t)])
+                    except TypeError:            # no weak reference to this tensor type
+                        pass
+                t = c
+            saved.append(t)
+        return saved, cloned
 
     def add(self, op, inputs: Sequence, outputs: Sequence, flagged: bool, cloned: Sequence = (),
             where: Optional[str] = None) -> None:

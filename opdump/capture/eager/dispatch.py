@@ -202,9 +202,7 @@ class OperatorPath:
             written = inputs if facts.writes_list else tensors_at(args, kwargs, facts.written)
             watch.before_write(written)
             if facts.writes_list or needs_prewrite_copy(op.op_type, op.overload, op.nonfinite_args):
-                ids = {id(t) for t in written}
-                saved = [t.detach().clone() if id(t) in ids else t for t in inputs]
-                cloned = [c for c, t in zip(saved, inputs) if c is not t]
+                saved, cloned = watch.copy_written(inputs, written)
         out = func(*args, **kwargs)
         if written:      # recorded copies of what it wrote are stale
             forget = self.session.recorder.forget
