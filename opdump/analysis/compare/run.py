@@ -53,14 +53,6 @@ def _shape_from_text(v: Any) -> Optional[Tuple[int, ...]]:
     return _shape_text(v) if isinstance(v, str) else None
 
 
-def _records(rec) -> List[Dict[str, Any]]:
-    """``rec.to_dict("records")``, column by column (``tolist`` gives the same Python values,
-    without pandas boxing every cell: 3 s of a 65,000-file compare)."""
-    cols = [str(c) for c in rec.columns]
-    values = [rec[c].tolist() for c in rec.columns]
-    return [dict(zip(cols, row)) for row in zip(*values)]
-
-
 def _layouts(paths: List[str]) -> List[Any]:
     """:func:`npy_layout` of every path (the exception where one cannot be read), read by a few
     threads: the time goes into open/pread system calls, which run without the GIL."""
