@@ -141,7 +141,17 @@ def cmd_overflow(args) -> int:
                         use_tensors=not args.stats_only, progress=not args.quiet)
     _report_unreadable("overflow", rep.unreadable)
     if rep.nothing:
-        return _err(rep.nothing)
+        from opdump.debug.overflow_summary import clean_watch
+        clean = clean_watch([r.path for r in d.ranks.values()], its)
+        if not clean:
+            return _err(rep.nothing)
+        if args.json:
+            print(json.dumps({"found": False, "origin": None, "affected": [], "per_rank": {}, "scanned_tensors": 0,
+                              "unknown_tensors": 0, "method": "overflow.json", "unreadable": []}, indent=1))
+        else:
+            print(f"no NaN/Inf found: the overflow watch (op_debug_mode 3) lists no overflowing operator "
+                  f"in {clean} iteration folder(s) (overflow.json)")
+        return 0
     if not rep.found and rep.unreadable and rep.unknown_tensors >= rep.scanned_tensors:
         return _err(f"nothing could be analysed: all {len(rep.unreadable)} files could not be read")
     if getattr(args, "html", None):         # self-contained report: opdump.analysis.triage_report

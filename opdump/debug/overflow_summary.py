@@ -46,3 +46,31 @@ def read_csv(path: str) -> List[Dict[str, str]]:
     if not rows or tuple(rows[0]) != CSV_HEADER:
         raise ValueError(f"{path}: not an overflow.csv (header {rows[0] if rows else None!r})")
     return [dict(zip(CSV_HEADER, r)) for r in rows[1:]]
+
+
+def clean_watch(rank_paths: Iterable[str], iterations=None) -> int:
+    """How many ``overflow.json`` summaries under these rank folders list no overflow; 0 when
+    there is none, or when any one (of the selected ``iterations``) lists an overflow or
+    cannot be read.
+
+    Why: an overflow-only dump (``op_debug_mode`` 3) in which nothing overflowed holds no
+    tensor file and no statistics row, only these summaries; ``opdump overflow`` then says
+    "no NaN/Inf found" (exit 0) from them instead of "nothing to analyse" (exit 2)."""
+    import glob
+    import os
+    wanted = None if iterations is None else {int(i) for i in iterations if not isinstance(i, tuple)}
+    clean = 0
+    for rank in rank_paths:
+        for p in glob.glob(os.path.join(glob.escape(str(rank)), "*", "*", "*", "overflow.json")):
+            try:
+                with open(p, encoding="utf-8") as f:
+                    body = json.load(f)
+                it, events = int(body["iteration"]), body["overflows"]
+            except Exception:  # noqa: BLE001 - an unreadable summary proves nothing
+                return 0
+            if wanted is not None and it not in wanted:
+                continue
+            if events:
+                return 0
+            clean += 1
+    return clean

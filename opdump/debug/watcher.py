@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
+import weakref
 from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
@@ -45,6 +46,12 @@ from ..format.layout import WATCHER_JSON
 from ..select.kernels import KernelMatcher
 
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+#: per session config: ``[watched operators held so far]``, shared by the session's watchers (the
+#: eager capture's and the compiled graphs'), so that an iteration whose watched operators all
+#: ran in one of them gives no "no operator matched" warning nor an empty ``watcher.json`` from
+#: the other
+_SESSION_MATCHES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def fingerprint(t) -> Optional[torch.Tensor]:
@@ -135,6 +142,11 @@ class Watcher:
         self._broken = False
         self._warned_unmatched = False
         self._ops = 0                            # operators seen this iteration
+        try:
+            self._shared = _SESSION_MATCHES.setdefault(config, [0])
+        except TypeError:                        # a config that cannot be a key: this watcher alone
+            self._shared = [0]
+        self._seen_matches = self._shared[0]     # the shared count at this watcher's last finish
 
     # ------------------------------------------------------------------ per operator
     def _roles(self, op) -> tuple:
@@ -160,6 +172,7 @@ class Watcher:
                 self._check(op, written, full=self._triggers is not None and trigger)
             if watched:
                 held = self._held[op.full_name] = _Held(op, outputs, folder)
+                self._shared[0] += 1
                 self._snapshot(held, op, "own run", list(range(len(held.tensors))))
         except Exception as exc:   # noqa: BLE001 - never into the training thread
             self._fail(exc)
@@ -236,8 +249,12 @@ class Watcher:
         snapshots, self._snapshots = self._snapshots, []
         broken, self._broken = self._broken, False
         ops, self._ops = self._ops, 0
+        others = self._shared[0] != self._seen_matches and not held
+        self._seen_matches = self._shared[0]
         if not ops and not broken:
             return                               # no captured operator ran: nothing to report
+        if others and not broken:
+            return                               # the session's other watcher held this iteration's
         try:
             if not held and not self._warned_unmatched:
                 self._warned_unmatched = True
