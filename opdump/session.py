@@ -217,6 +217,9 @@ class Session:
             self._close_hooks.clear()
         for entry in self.selector.kernels.unused():
             warnings.warn(f"opdump: kernels entry {entry!r} matched no operator", UserWarning, stacklevel=2)
+        if isinstance(self._layout, AclLayout):
+            for message in self._layout.unmatched():
+                warnings.warn(f"opdump: {message}", UserWarning, stacklevel=2)
 
     def _abandon_in_child(self) -> None:
         """After ``fork``, in the child: this copy of the session never writes (the parent

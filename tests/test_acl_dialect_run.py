@@ -239,15 +239,16 @@ def test_seed_003_torchair_world_folder(tmp_path):
     np.testing.assert_array_equal(ascend_bin.load(dump.path, "output", 0), seen["fc1"].numpy())
 
 
-def test_seed_003_dump_config_path_with_other_options_is_refused(tmp_path):
+def test_seed_003_dump_config_path_with_other_options_does_not_take_effect(tmp_path):
+    """torchair: with other options set, the JSON file "does not take effect" (warned, options used)."""
     config = npu_device.CompilerConfig()
     config.dump_config.enable_dump = True
     config.dump_config.dump_mode = "all"
     config.dump_config.dump_path = str(tmp_path)
     config.dump_config.dump_config_path = str(tmp_path / "dump_config.json")
-    with pytest.raises(ConfigError) as info:
-        config.dump_config.to_config()
-    assert info.value.field == "dump_config.dump_path"          # the first option set beside it
+    with pytest.warns(UserWarning, match=r"is ignored: dump_config\.dump_path is set too"):   # the first one
+        cfg = config.dump_config.to_config()
+    assert cfg.path == str(tmp_path) and cfg.input_output == 0
 
 
 # ---------------------------------------------------------------- npy in the ACL folders, long names, stats

@@ -171,7 +171,6 @@ def test_options_dump_config_path(tmp_path):
     ({"dump_layer": "a a"}, "dump_config.dump_layer", "lists 'a' twice"),
     ({"dump_path": "/a b"}, "dump_config.dump_path", "is not allowed"),
     ({"dump_path": 5}, "dump_config.dump_path", "must be a string"),
-    ({"dump_config_path": "/x.json", "dump_mode": "all"}, "dump_config.dump_mode", "cannot be combined"),
 ])
 def test_options_errors(kwargs, field, hint):
     with pytest.raises(ConfigError) as info:

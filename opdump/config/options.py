@@ -2,14 +2,16 @@
 
 ``DumpOptions`` mirrors those attributes so a script written for the TF adapter
 or torchair ports by changing the import.  ``dump_config_path`` loads that JSON
-file (any dialect) instead, as torchair recommends; it cannot be mixed with the
-other dump options (as in torchair: the JSON takes over everything but enable_dump).
+file (any dialect) instead, as torchair recommends; set together with any other dump
+option it "does not take effect" (torchair's words): it is ignored with a warning naming
+that option, and the options are used (so torchair's own example, which sets both, runs).
 Results use the ACL directory layout, like the toolchains the options come from.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
@@ -94,7 +96,12 @@ class DumpOptions:
         kw = {name: spec.conv(raw[name], PREFIX + name) for name, spec in FIELDS.items()}
         enable = kw["enable_dump"]
         if kw["dump_config_path"] is not None:
-            return self._from_file(kw["dump_config_path"], enable, env)
+            other = self._other_option_set()
+            if other is None:
+                return self._from_file(kw["dump_config_path"], enable, env)
+            warnings.warn(f"opdump: {PREFIX}dump_config_path {kw['dump_config_path']!r} is ignored: "
+                          f"{PREFIX}{other} is set too, and the JSON file does not take effect with other "
+                          "dump options (as in torchair); the options are used", UserWarning, stacklevel=2)
         layers = kw["dump_layer"]
         out = dict(input_output=kw["dump_mode"], saved_data=kw["dump_data"], enable=bool(enable),
                    world_folder=kw["flavor"] == "torchair")
@@ -109,13 +116,15 @@ class DumpOptions:
         out = apply_rules(out, NAMES)
         return DumpConfig(layout="acl", dialect="options", **out)
 
-    def _from_file(self, path: str, enable: Optional[bool], env: Mapping[str, str]) -> DumpConfig:
+    def _other_option_set(self) -> Optional[str]:
+        """The first dump option other than enable_dump/dump_config_path/flavor that is set."""
         defaults = DumpOptions()
         for f in dataclasses.fields(self):
             if f.name not in ("enable_dump", "dump_config_path", "flavor") and getattr(self, f.name) != getattr(defaults, f.name):
-                raise ConfigError(PREFIX + f.name, getattr(self, f.name),
-                                  "cannot be combined with dump_config.dump_config_path (the JSON file configures "
-                                  "everything but enable_dump); drop one of them")
+                return f.name
+        return None
+
+    def _from_file(self, path: str, enable: Optional[bool], env: Mapping[str, str]) -> DumpConfig:
         config = load_config(os.path.abspath(path), env=env)
         return config if enable is not False else config.replace(enable=False)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -140,6 +140,7 @@ class AclLayout(Layout):
         self.folder_filter: Dict[str, FolderFilter] = {}
         self._graph_filter: Dict[int, Optional[FolderFilter]] = {}
         self._filter_lock = threading.Lock()
+        self._listed: set = set()                     # graph ids with a listing (model_name warnings)
 
     # -- folders
     def graph_dir(self, graph_id: int) -> str:
@@ -184,7 +185,19 @@ class AclLayout(Layout):
     def write_listing(self, graph_id: int, kind: str, ops, params) -> None:
         if kind != "eager":
             self._compiled.add(graph_id)
+        with self._filter_lock:
+            self._listed.add(graph_id)
         super().write_listing(graph_id, kind, ops, params)
+
+    def unmatched(self) -> List[str]:
+        """What the session warns about at close: a ``dump_list`` ``model_name`` that named
+        none of the run's graphs (a copied ``"ResNet-50"`` would dump nothing, silently).
+        Unmatched ``layer`` entries are already warned about as ``kernels`` entries."""
+        with self._filter_lock:
+            names = [acl.model_name(g) for g in sorted(set(self._listed) | set(self._graph_filter))]
+        return [f"dump_list model_name {model!r} names no graph of this run (its graphs: {', '.join(names)}; "
+                "each graphs/*.ir file starts with '# IR entry: @<model_name>')"
+                for model, _ in self.config.model_filter if model and names and model not in names]
 
     # -- file names over 255 bytes (a bin file's stand-in has no extension)
     def place(self, folder: str, file_name: str) -> str:
