@@ -366,3 +366,32 @@ def test_reader_sanitize_memo_equals_the_rule():
     from opdump.format.names import sanitize
     for name in ["Default/net-Net/add-op1", "a b:c*d?e\"f<g>h|i\\j", "", "x\x00y", "Default/add-op1"] * 2:
         assert memo(name) == sanitize(name)
+
+
+def test_the_collector_runs_again_around_the_tensor_metrics(tmp_path):
+    """Tensor metrics (arrays, in process or in workers forked there) run with the collector
+    on; the statistics stages around them with it paused; outside a compare nothing changes."""
+    import gc
+    from opdump.analysis.compare.gcpause import gc_paused, gc_running
+    seen = []
+
+    def body():
+        seen.append(gc.isenabled())
+        with gc_running():
+            seen.append(gc.isenabled())
+        seen.append(gc.isenabled())
+    gc_paused(body)()
+    assert seen == [False, True, False] and gc.isenabled()
+    with gc_running():
+        assert gc.isenabled()
+    gc.disable()
+    try:
+        seen.clear()
+        gc_paused(body)()                 # the caller turned it off: it stays off throughout
+        assert seen == [False, False, False]
+    finally:
+        gc.enable()
+    a = make_dump(tmp_path / "a", iterations=(0,), saved_data="tensor")
+    b = make_dump(tmp_path / "b", iterations=(0,), saved_data="tensor", weight_delta={"fc1.weight": 1e-3})
+    r = compare(a, b, progress=False, workers=2, parallel_min=0)
+    assert set(r.table["mode"]) - {""} == {"tensor"} and gc.isenabled()

@@ -8,6 +8,11 @@ while it runs (reference counting frees them), so the collector is paused for th
 and put back as it was (a caller that had disabled it keeps it disabled); the collection
 it skipped happens at its next natural turn.
 
+The tensor metrics are the exception: they read arrays, and an error path may tie an array
+to a cycle (a traceback's frames), so :func:`gc_running` turns the collector back on around
+them -- in process and in the worker processes forked there, which inherit the parent's
+collector state.  Memory stays bounded as without the pause.
+
 Guarantee: the wrapped function's results and exceptions are unchanged; only when the
 collector runs moves.
 """
@@ -15,8 +20,12 @@ from __future__ import annotations
 
 import functools
 import gc
+from contextlib import contextmanager
+from typing import Iterator
 
-__all__ = ["gc_paused"]
+__all__ = ["gc_paused", "gc_running"]
+
+_paused = [0]          # gc_paused calls under way that turned an enabled collector off
 
 
 def gc_paused(func):
@@ -25,9 +34,25 @@ def gc_paused(func):
     def wrapper(*args, **kwargs):
         was = gc.isenabled()
         gc.disable()
+        _paused[0] += was
         try:
             return func(*args, **kwargs)
         finally:
+            _paused[0] -= was
             if was:
                 gc.enable()
     return wrapper
+
+
+@contextmanager
+def gc_running() -> Iterator[None]:
+    """Inside a :func:`gc_paused` call: the collector on for the block (and off again after);
+    elsewhere: nothing changes."""
+    resume = _paused[0] > 0 and not gc.isenabled()
+    if resume:
+        gc.enable()
+    try:
+        yield
+    finally:
+        if resume:
+            gc.disable()

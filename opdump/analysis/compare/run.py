@@ -24,7 +24,7 @@ from .match import default_matchers, match
 from .kernels import KERNEL_RULES, with_kernels
 from .pairs import TABLE_COLUMNS, Pair, Tensor
 from .fields import make_tensors
-from .gcpause import gc_paused
+from .gcpause import gc_paused, gc_running
 from .pool import default_workers, run_pairs
 from .result import RULE_FIRST_DIFFERENCE, RULE_THRESHOLDS, CompareResult
 from .verdict import Thresholds, judge_metrics, judge_pair, judge_statistics
@@ -251,7 +251,9 @@ def compare(a: Union[str, os.PathLike, Dump], b: Union[str, os.PathLike, Dump], 
         if judge_pair(p, thresholds, stat_pairs):
             tasks.append((n, p.a.path, p.b.path, _data_bytes(p.a) + _data_bytes(p.b), p.a.layout, p.b.layout))
     judge_statistics(stat_pairs, thresholds)              # column-wise, all at once
-    for n, m in run_pairs(tasks, workers, parallel_min, progress).items():
+    with gc_running():                                  # arrays: the collector on (.gcpause)
+        metrics = run_pairs(tasks, workers, parallel_min, progress)
+    for n, m in metrics.items():
         judge_metrics(pairs[n], m, thresholds)
     pairs.sort(key=Pair.sort_key)
 
