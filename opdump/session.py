@@ -98,6 +98,10 @@ class HookHandle:
             pass
 
 
+#: what each dialect calls the operator filter (for the "matched no operator" warning)
+_KERNELS_FIELD = {"acl": "dump_list layer", "options": "dump_config.dump_layer"}
+
+
 class Session:
     """Owns one dump: ``with Session("data_dump.json") as s: … s.step()``."""
 
@@ -215,8 +219,9 @@ class Session:
             _LIVE.discard(self)
             self._iteration_end_hooks.clear()
             self._close_hooks.clear()
+        field = _KERNELS_FIELD.get(self.config.dialect, "kernels")     # the name the user wrote
         for entry in self.selector.kernels.unused():
-            warnings.warn(f"opdump: kernels entry {entry!r} matched no operator", UserWarning, stacklevel=2)
+            warnings.warn(f"opdump: {field} entry {entry!r} matched no operator", UserWarning, stacklevel=2)
         if isinstance(self._layout, AclLayout):
             for message in self._layout.unmatched():
                 warnings.warn(f"opdump: {message}", UserWarning, stacklevel=2)
