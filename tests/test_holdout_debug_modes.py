@@ -323,8 +323,8 @@ def test_sample_files_read_back_and_sampled_dumps_compare(tmp_path):
     assert d.sample_num == 16
     shapes = {np.load(f.path).shape for f in d.tensor_files()}
     assert shapes <= {(16,), (4,), (1,)} and (16,) in shapes
-    same = _cli("compare", tmp_path / "a", tmp_path / "a")
+    same = _cli("compare", tmp_path / "a", tmp_path / "a", cwd=tmp_path)   # its opdump_compare.csv there
     assert same.returncode == 0, same.stdout + same.stderr
-    diff = _cli("compare", tmp_path / "b", tmp_path / "a")
+    diff = _cli("compare", tmp_path / "b", tmp_path / "a", cwd=tmp_path)
     assert diff.returncode == 1, diff.stdout + diff.stderr
     assert "fc2-Linear" in next(ln for ln in diff.stdout.splitlines() if ln.startswith("first divergence"))
