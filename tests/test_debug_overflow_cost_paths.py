@@ -172,3 +172,42 @@ def test_chained_in_place_origin_keeps_its_input(tmp_path):
     assert {f.op_name for f in files} == {"Default_Chained_mul_-op2"}
     assert (_load(files, "Default_Chained_mul_-op2", "input", 0) == 2e10).all()
     assert np.isposinf(_load(files, "Default_Chained_mul_-op2", "output", 0)).all()
+
+
+class Steps(nn.Module):
+    """Four chained in-place writes of one shape, then (scale 1e30) an origin, then more."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("scale", torch.ones(()))
+
+    def forward(self, a):
+        b = a + 0
+        for _ in range(4):
+            b.mul_(1.5)
+        b.mul_(self.scale)               # the origin when scale is 1e30 (a = 1e10)
+        c = a + 7
+        for _ in range(4):
+            c.mul_(2.0)                  # same shape: copies into the freed buffers
+        return b, c
+
+
+def test_pre_write_copies_are_reused_and_a_recorded_one_is_not(tmp_path):
+    cfg = write_config(tmp_path, common={"op_debug_mode": 3})
+    counter = _Clones()
+    model = Steps()
+    a = torch.full((64,), 1.0)
+    with counter, opdump.Session(cfg) as session, EagerCapture(session):
+        model(a)                         # no overflow: 9 copies, one buffer
+        session.step()
+        assert counter.n == 1, "each copy after the first goes into the judged batch's buffer"
+        model.scale.fill_(1e30)
+        a = torch.full((64,), 1e10)
+        b, c = model(a)
+        session.step()
+    assert torch.isposinf(b).all() and (c == (1e10 + 7) * 16).all()
+    files = tensor_files(str(tmp_path / "dump"))
+    (name,) = {f.op_name for f in files}
+    assert name == "Default_Steps_mul_-op5"
+    assert (_load(files, name, "input", 0) == 1e10 * 1.5 ** 4).all()      # its values before the write
+    assert np.isposinf(_load(files, name, "output", 0)).all()

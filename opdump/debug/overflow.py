@@ -45,6 +45,7 @@ import torch
 
 from ..format.layout import OVERFLOW_CSV, OVERFLOW_JSON
 from .origin import OPERATOR, ON_PURPOSE, judge
+from .overflow_copies import CopyPool
 from .overflow_summary import render_csv, render_json
 
 #: operators held before the flags are read (bounds the memory the references keep alive)
@@ -133,6 +134,7 @@ class OverflowWatch:
         self._events: List[tuple] = []         # (where, event)
         self._touched: Dict[str, None] = {}    # folders written this iteration (graph calls), in order
         self._prewrite: Dict[int, Optional[float]] = {}  # id(written tensor) -> its value before the write
+        self._copies = CopyPool()               # the private pre-write copies (reused)
         self._on_purpose: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()
         self._broken = False
 
@@ -261,7 +263,7 @@ class OverflowWatch:
         saved, cloned = [], []
         for t in inputs:
             if id(t) in ids:
-                c = t.detach().clone()
+                c = self._copies.copy(t)
                 cloned.append(c)
                 if id(t) in prewrite:
                     try:
@@ -312,12 +314,16 @@ class OverflowWatch:
             groups.setdefault((f.device, f.dtype), []).append(i)
         for idx in groups.values():
             host = torch.stack([flags[i] for i in idx]).tolist()     # one sync per device/dtype
+            if math.isfinite(sum(host)):        # the usual case: all finite, nothing to note
+                continue
             for i, v in zip(idx, host):
                 if v != v:
                     out[owner[i]] = math.nan
                 elif v in _INFS and out[owner[i]] == 0.0:
                     out[owner[i]] = math.inf
         exact, derive = self._exact, self._derive
+        if not any(out):                        # all finite: derived slots are too (0.0)
+            derive = {}
         self._settle(out, [j for j, v in enumerate(out) if v != 0.0 and not exact[j] and j not in derive])
         for j, deps in derive.items():          # in slot order: their inputs are settled first
             vals = [out[k] for k in deps]
@@ -346,10 +352,11 @@ class OverflowWatch:
     def _reset_batch(self) -> None:
         self._calls, self._flags, self._memo, self._storages, self._indexed = [], [], {}, set(), 0
         self._held, self._owner, self._exact, self._orig, self._preset, self._derive = [], [], [], [], {}, {}
+        self._copies.batch()
 
     def flush(self) -> None:
         """Judge the held operators in execution order; dump the overflowing ones."""
-        calls = self._calls
+        calls, copies = self._calls, self._copies.batch()
         if not calls:
             return
         try:
@@ -359,8 +366,12 @@ class OverflowWatch:
             self._fail(exc)
             return
         self._reset_batch()
+        if not any(values):                     # every flag finite (NaN is truthy): no verdict
+            self._copies.recycle(copies, _NONE)
+            return
         on_purpose = self._on_purpose
         isfinite = math.isfinite
+        kept: set = set()
         try:
             for call in calls:
                 bad_in = [(t, values[k]) for t, k in zip(call.inputs, call.in_flags) if k >= 0 and not isfinite(values[k])]
@@ -375,7 +386,9 @@ class OverflowWatch:
                     for _, t, _ in bad_out:
                         on_purpose[id(t)] = t
                 elif verdict == OPERATOR:
+                    kept |= call.private
                     self._overflow(call, bad_out)
+            self._copies.recycle(copies, kept)
         except Exception as exc:   # noqa: BLE001
             self._fail(exc)
 
