@@ -46,6 +46,7 @@ import torch
 from ..format.layout import OVERFLOW_CSV, OVERFLOW_JSON
 from .origin import OPERATOR, ON_PURPOSE, judge
 from .overflow_copies import CopyPool
+from .overflow_rules import FINITE_PRESERVING, UNINITIALIZED, needs_prewrite_copy  # noqa: F401
 from .overflow_summary import render_csv, render_json
 
 #: operators held before the flags are read (bounds the memory the references keep alive)
@@ -54,43 +55,6 @@ _FLOATS = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64
 _HALF = frozenset((torch.float16, torch.bfloat16))
 _INFS = (math.inf, -math.inf)
 _NONE: frozenset = frozenset()
-#: operators that cannot make Inf/NaN from finite inputs (their outputs are rearranged, selected
-#: or bounded input elements, with no non-finite scalar argument): their outputs get no
-#: reduction of their own (:meth:`OverflowWatch._derived`).  Not here: dtype conversions
-#: (``_to_copy``, ``copy_``: fp32 -> fp16 overflows), scaling (dropout), sums.
-FINITE_PRESERVING = frozenset((
-    "view", "_unsafe_view", "reshape", "_reshape_alias", "transpose", "t", "permute", "expand", "slice",
-    "select", "unsqueeze", "squeeze", "as_strided", "alias", "detach", "narrow", "split", "split_with_sizes",
-    "chunk", "unbind", "diagonal", "view_as", "flatten", "unflatten", "movedim", "unfold", "clone",
-    "contiguous", "cat", "stack", "index_select", "gather", "repeat", "lift_fresh_copy", "roll", "flip",
-    "relu", "relu_", "threshold", "threshold_", "threshold_backward", "hardtanh", "hardtanh_", "clamp",
-    "clamp_", "max_pool2d", "max_pool2d_with_indices", "amax", "amin", "max", "min", "sigmoid", "tanh",
-    "sign", "abs", "neg", "where", "masked_fill", "masked_fill_", "zero_", "fill_"))
-#: operators whose outputs are uninitialized memory (judging them would report garbage NaNs)
-UNINITIALIZED = frozenset(("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
-                           "empty_permuted", "resize_", "resize_as_"))
-
-
-def needs_prewrite_copy(op_type: str, overload: str, flagged: bool) -> bool:
-    """Must the arguments an in-place operator writes be copied before it runs?
-
-    No for a :data:`FINITE_PRESERVING` operator (``relu_``, ``zero_``, ``fill_``,
-    ``clamp_``…) called with no non-finite scalar argument and no dtype conversion.  Why
-    that is safe: the copy exists only so that, if this operator turns out to be an
-    overflow origin, its recorded inputs are the values before the write.  Such an
-    operator cannot be an origin: its output holds Inf/NaN only where its input already
-    did (finite inputs and finite scalars give finite values).  Judged without the copy,
-    its input is the written tensor itself, so input and output carry the same values and
-    :func:`.origin.judge` never gives it the :data:`~.origin.OPERATOR` verdict either: the
-    verdict is unchanged, and its pre-write input, never recorded, is not needed.  Nor is
-    it needed by a later operator: a later one reads the tensor after the write, and it is
-    the post-write value the watch holds and records for it.  The batch is still judged
-    before the write when it holds the tensor (:meth:`OverflowWatch.before_write`), so an
-    earlier origin whose output this operator overwrites is recorded with its own values.
-    """
-    return flagged or overload == "dtype" or op_type not in FINITE_PRESERVING
-
-
 def _storage(t: torch.Tensor) -> Optional[int]:
     try:
         return t.untyped_storage().data_ptr()
