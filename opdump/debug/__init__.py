@@ -7,7 +7,9 @@ call into them, nothing here imports a front-end.
 * :mod:`.origin`           the first-overflow rule (shared with ``opdump overflow``)
 * :mod:`.overflow`         ``op_debug_mode`` 3: the overflow watch (eager operators);
   :mod:`.overflow_graph` its taps in a compiled graph's op-by-op path;
-  :mod:`.overflow_summary` the per-iteration ``overflow.json``/``overflow.csv``
+  :mod:`.overflow_summary` the per-iteration ``overflow.json``/``overflow.csv``;
+  :mod:`.overflow_rules` which operators are spared a reduction or a pre-write copy;
+  :mod:`.overflow_copies` the pooled pre-write copies
 * :mod:`.exception`        ``op_debug_mode`` 4: an operator that raises has its inputs saved;
   :mod:`.repro` writes its ``repro_<op>.py``; :mod:`.exception_records` reads the records back
 * :mod:`.watcher`          watcher mode (``dump_scene: "watcher"``): the first operator after
