@@ -313,6 +313,8 @@ def test_torchair_world_size_folders_under_gloo(tmp_path):
       "dump_mode": "output", "dump_scene": "watcher", "dump_debug": "on"}, "dump.dump_debug", ["'on'", "watcher"]),
     ({"dump_path": "{out}", "dump_list": [], "dump_mode": "inputs"}, "dump.dump_mode",
      ["'inputs'", '"input", "output" or "all"']),
+    ({"dump_path": "{out}", "dump_list": [], "dump_data": "stats", "file_format": "bin"}, "dump.dump_data",
+     ["'stats'", 'use dump_data "tensor" with "bin"']),        # was: 'statistic' and saved_data, not its words
 ])
 def test_typical_mistakes_name_file_field_value_allowed(tmp_path, dump, field, words):
     """The message names the file, the field, the value and what is allowed (in-process:
@@ -360,3 +362,47 @@ def test_long_names_go_to_mapping_csv(tmp_path):
     assert any(long in row and row.split(",")[0].isdigit() for row in rows)
     tensors = opdump.load(str(tmp_path / "dump")).tensors()
     assert any(long in op for op in tensors["op"])
+
+
+def _nc1hwc0_by_loops(x, c0=16):
+    """NC1HWC0 built element by element (C padded with zeros to a multiple of C0)."""
+    n, c, h, w = x.shape
+    c1 = -(-c // c0)
+    dev = np.zeros((n, c1, h, w, c0), x.dtype)
+    for ni in range(n):
+        for ci in range(c):
+            dev[ni, ci // c0, :, :, ci % c0] = x[ni, ci]
+    return dev
+
+
+def _fractal_nz_by_loops(x, k=16):
+    """FRACTAL_NZ of a (..., M, N) array: (..., ceil(N/16), ceil(M/16), 16, 16), zero padded."""
+    *batch, m, n = x.shape
+    dev = np.zeros((*batch, -(-n // k), -(-m // k), 16, k), x.dtype)
+    for mi in range(m):
+        for ni in range(n):
+            dev[..., ni // k, mi // 16, mi % 16, ni % k] = x[..., mi, ni]
+    return dev
+
+
+def test_convert_device_formats_built_independently(tmp_path):
+    """Device-format tensors built here by loops, written as a bin file (an Ascend op's input
+    and output), converted back by ``opdump convert``: original shapes, padding removed."""
+    from opdump.format import ascend_bin
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 19, 3, 5)).astype(np.float16)           # C = 19: one padded C1 block
+    y = rng.standard_normal((3, 20, 33)).astype(np.float16)             # M, N not multiples of 16
+    dx, dy = _nc1hwc0_by_loops(x), _fractal_nz_by_loops(y)
+    buffers = ascend_bin.encode(
+        "conv1", [ascend_bin.RawTensor(dx, "float16", dx.shape, "NC1HWC0", x.shape)],
+        [ascend_bin.RawTensor(dy, "float16", dy.shape, "FRACTAL_NZ", y.shape)], timestamp=1700000000123456)
+    name = "Conv2D.conv1.1.2.1700000000123456"
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / name).write_bytes(b"".join(bytes(b) for b in buffers))
+    r = subprocess.run(OPDUMP + ["convert", "-d", str(tmp_path / "in"), "-out", str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    got_x = np.load(tmp_path / "out" / f"{name}.input.0.2x19x3x5.npy")
+    got_y = np.load(tmp_path / "out" / f"{name}.output.0.3x20x33.npy")
+    np.testing.assert_array_equal(got_x, x)
+    np.testing.assert_array_equal(got_y, y)

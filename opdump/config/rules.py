@@ -35,8 +35,10 @@ def apply_rules(kw: Mapping[str, Any], names: Mapping[str, str]) -> Dict[str, An
 
     op = d["op_debug_mode"]
     if d["saved_data"] in ("statistic", "full") and d["file_format"] == "bin":
-        fail("saved_data", f'statistics need {names.get("file_format", "file_format")} "npy", not "bin"; '
-                           'use saved_data "tensor" with "bin"')
+        field = names.get("saved_data", "saved_data")
+        value = "stats" if field.endswith("dump_data") else d["saved_data"]    # the ACL/options dialects' word
+        raise ConfigError(field, value, f'statistics need {names.get("file_format", "file_format")} "npy", not '
+                                        f'"bin"; use {field.rsplit(".", 1)[-1]} "tensor" with "bin"')
     if op in (3, 4):
         # overflow dump: saved_data decides files and/or statistic.csv rows of the overflowing
         # operators (opdump goes beyond MindSpore here, README "Debug dumps")
