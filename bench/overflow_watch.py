@@ -15,6 +15,7 @@ between ``<!-- overflow-watch: begin -->`` and ``<!-- overflow-watch: end -->`` 
 ``bench/run.py``'s full rewrite); the rest of the file is left alone.
 
     .venv/bin/python bench/overflow_watch.py [--models transformer,alexnet] [--out BENCHMARKS.md]
+    .venv/bin/python bench/overflow_watch.py --eager-cpu 15     # eager only, CPU time, 1 thread
 """
 from __future__ import annotations
 
@@ -76,6 +77,54 @@ def measure_model(bench: Bench, name: str) -> dict:
     return {"name": name, "describe": build().describe, "rows": rows}
 
 
+def eager_cpu_ab(names, rounds: int) -> list:
+    """The eager rows' focused reading: one torch thread, ``time.process_time`` per step,
+    plain and watched steps alternating in one process (the capture toggled around each
+    watched step, as :class:`bench.modes.EagerToggle` does), medians.  CPU time is what a
+    neighbour's load disturbs least on a shared machine; returns one dict per model."""
+    import statistics
+    import tempfile
+    import warnings
+    import opdump
+    from bench import dumps as D
+    from bench.modes import EagerToggle, eager_capture_class
+    torch.set_num_threads(1)
+    cls, _ = eager_capture_class()
+    out = []
+    for name in names:
+        folder = tempfile.mkdtemp(prefix="opdump-ovw-")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            session = opdump.Session(D.write_config(folder, os.path.join(folder, "dump"), **WATCH))
+            session.__enter__()
+            try:
+                w = M.BUILDERS[name]()
+                toggle = EagerToggle(cls, session)
+                for _ in range(2):                      # warm-up, both sides
+                    w.step()
+                    toggle.enter()
+                    w.step()
+                    toggle.exit()
+                times = {False: [], True: []}
+                for r in range(rounds):
+                    for watched in ((False, True) if r % 2 else (True, False)):
+                        if watched:
+                            toggle.enter()
+                        t0 = time.process_time()
+                        w.step()
+                        times[watched].append(time.process_time() - t0)
+                        if watched:
+                            toggle.exit()
+            finally:
+                session.__exit__(None, None, None)
+        base, watch = statistics.median(times[False]), statistics.median(times[True])
+        out.append({"name": name, "plain_ms": base * 1e3, "watch_ms": watch * 1e3, "ratio": watch / base,
+                    "load": os.getloadavg()[0]})
+        log(f"[{name}] eager CPU time: plain {base * 1e3:.1f} ms, watch {watch * 1e3:.1f} ms, "
+            f"{watch / base:.2f}x (load {os.getloadavg()[0]:.2f})")
+    return out
+
+
 def _x(v) -> str:
     return "–" if v is None else f"{v:.2f}×"
 
@@ -120,7 +169,12 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.path.join(ROOT, "BENCHMARKS.md"))
     ap.add_argument("--quick", action="store_true", help="small models, 2 timed steps (a smoke check)")
     ap.add_argument("--notes", default=None, help="a file whose lines are appended to the block (findings)")
+    ap.add_argument("--eager-cpu", type=int, default=0, metavar="ROUNDS",
+                    help="only the eager watch's single-thread CPU-time A/B (ROUNDS pairs); BENCHMARKS.md untouched")
     args = ap.parse_args(argv)
+    if args.eager_cpu:
+        eager_cpu_ab(list(filter(None, args.models.split(","))), args.eager_cpu)
+        return 0
     import subprocess
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
