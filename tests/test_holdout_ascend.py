@@ -269,9 +269,8 @@ DIST = textwrap.dedent('''
     import os, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
     import opdump                                      # the README's spelling, nothing else imported
     from opdump.config import options as torchair
-    def work(rank, world, path, port):
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+    def work(rank, world, path, store):
+        dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world)
         config = torchair.CompilerConfig()
         config.dump_config.enable_dump = True
         config.dump_config.dump_path = path
@@ -292,13 +291,9 @@ DIST = textwrap.dedent('''
 def test_torchair_world_size_folders_under_gloo(tmp_path):
     """World size 2 (gloo, torch.multiprocessing): one worldsize2_global_rank{r}/ per rank,
     each read back as its rank; the README's opdump.capture.eager spelling works."""
-    import socket
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = str(sock.getsockname()[1])
-    (tmp_path / "dist.py").write_text(DIST)
+    (tmp_path / "dist.py").write_text(DIST)            # a file store: no TCP port to race for
     (tmp_path / "dump").mkdir()
-    r = subprocess.run([sys.executable, str(tmp_path / "dist.py"), str(tmp_path / "dump"), port],
+    r = subprocess.run([sys.executable, str(tmp_path / "dist.py"), str(tmp_path / "dump"), str(tmp_path / "store")],
                        capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr
     assert sorted(os.listdir(tmp_path / "dump")) == ["worldsize2_global_rank0", "worldsize2_global_rank1"]
