@@ -182,6 +182,15 @@ def test_bin_dump_converts_to_the_npy_dump_of_the_same_run(bin_and_npy, tmp_path
     assert len(ta) == len(tb) == len(converted)
 
 
+def test_ls_reads_the_acl_dump_back(bin_and_npy):
+    """``opdump ls`` of an ACL JSON dump: its dump_data (was "saved_data=?"), iteration 1 only."""
+    r = subprocess.run(OPDUMP + ["ls", str(bin_and_npy["bin"])], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "; dump_data=tensor; complete; graphs [0]" in r.stdout
+    rows = [line.split() for line in r.stdout.splitlines() if line.split()[:2] == ["0", "0"]]
+    assert [row[2] for row in rows] == ["1"] and rows[0][3] == "50"       # iteration 1, 50 operators
+
+
 def test_compare_bin_dump_against_npy_dump(bin_and_npy, tmp_path):
     r = subprocess.run(OPDUMP + ["compare", str(bin_and_npy["bin"]), str(bin_and_npy["npy"])],
                        cwd=tmp_path, capture_output=True, text=True, timeout=120)

@@ -42,11 +42,14 @@ def cmd_ls(args) -> int:
         who = ", ".join(f"{k}={v}" for k, v in cfg.items() if k in ("device_target", "ms_version", "opdump_version",
                                                                       "torch_version", "device_name"))
         saved = (r.data_dump.get("common_dump_settings") or {}).get("saved_data") if r.data_dump else None
+        field = "saved_data"
+        if r.data_dump and isinstance(r.data_dump.get("dump"), dict):     # an ACL/torchair JSON: its own field
+            field, saved = "dump_data", r.data_dump["dump"].get("dump_data", "tensor")
         state = {True: "complete", False: "INCOMPLETE", None: "no manifest"}[r.complete]
         if r.complete is False:
             from ..write.manifest import describe as describe_manifest
             state += describe_manifest(r.manifest, str(r.path))
-        print(f"rank {rid}: {who or 'no config.json'}; saved_data={saved or '?'}; {state}; "
+        print(f"rank {rid}: {who or 'no config.json'}; {field}={saved or '?'}; {state}; "
               f"graphs {sorted(r.graphs)}")
         from opdump.debug.exception_records import describe as describe_exception, exception_records
         for record in exception_records(str(r.path)):             # op_debug_mode 4
