@@ -9,10 +9,12 @@ file names. `opdump ls` / `opdump compare` run as real subprocesses.
 """
 import itertools
 import os
+import re
 import subprocess
 import sys
 import warnings
 
+import pandas as pd
 import numpy as np
 import pytest
 
@@ -286,6 +288,10 @@ def test_compare_bin_dump_against_npy_dump(tmp_path):
     npy_dump(str(tmp_path / "ms"), ops)
     r = cli(tmp_path, "compare", str(tmp_path / "acl"), str(tmp_path / "ms"), "--json")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    # the table names a bin tensor by its bin file and slot (its decoded .npy is temporary)
+    table = pd.read_csv(tmp_path / "opdump_compare.csv")
+    assert len(table) and all(re.fullmatch(r".+/[^/]+\.\d+\.\d+\.\d+:(input|output)\.\d+", p) and
+                              os.path.isfile(p.rsplit(":", 1)[0]) for p in table["path_a"]), table["path_a"][:5]
     # the same values but one output changed: compare must see it
     other = model_tensors()
     _t, ins, outs = other["Default/network/MatMul-op2"]

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..common import is_random_op
-from .pairs import Pair
+from .pairs import Pair, on_disk
 
 __all__ = ["first_divergence", "first_difference", "calls_in_order"]
 
@@ -70,7 +70,8 @@ def _info(p: Pair, source_of: SourceOf, cause: str, reason: str) -> Dict[str, An
         "op_b": p.b.op if p.b is not None else None, "op_type": a.op_type, "io": a.io, "slot": a.slot,
         "order": a.order, "reason": reason, "cause": cause, "source": src, "code": code,
         "cosine": m.get("cosine"), "max_abs_err": m.get("max_abs_err"), "max_rel_err": m.get("max_rel_err"),
-        "max_abs_ref": m.get("max_abs_ref"), "path_a": a.path, "path_b": p.b.path if p.b is not None else None,
+        "max_abs_ref": m.get("max_abs_ref"), "path_a": on_disk(a.path) if a.path else a.path,
+        "path_b": on_disk(p.b.path) if p.b is not None and p.b.path else None,
     }
 
 

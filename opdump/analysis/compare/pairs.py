@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..common import base_op_type
 from ..reader import scope_of
+from ..reader.bincache import source as on_disk     # a bin tensor: {bin file}:{io}.{i}, not its temporary .npy
 
 __all__ = ["Tensor", "OpCall", "Pair", "TABLE_COLUMNS", "dtype_class", "RULE_MAPPING", "RULE_NAME",
            "RULE_ORDER", "RULE_SIGNATURE"]
@@ -264,7 +265,8 @@ class Pair:
                 m.get("stat_max_rel_diff"),
                 a.dtype if a is not None else None, b.dtype if b is not None else None,
                 a.shape_text() if a is not None else None, b.shape_text() if b is not None else None,
-                self.source, a.path if a is not None else None, b.path if b is not None else None]
+                self.source, on_disk(a.path) if a is not None and a.path else None,
+                on_disk(b.path) if b is not None and b.path else None]
 
     def to_row(self) -> Dict[str, Any]:
         a, b, t = self.a, self.b, self.side
@@ -278,8 +280,8 @@ class Pair:
             "dtype_a": a.dtype if a is not None else None, "dtype_b": b.dtype if b is not None else None,
             "shape_a": a.shape_text() if a is not None else None,
             "shape_b": b.shape_text() if b is not None else None,
-            "source": self.source, "path_a": a.path if a is not None else None,
-            "path_b": b.path if b is not None else None,
+            "source": self.source, "path_a": on_disk(a.path) if a is not None and a.path else None,
+            "path_b": on_disk(b.path) if b is not None and b.path else None,
         }
         for k in METRIC_COLUMNS:
             if k in self.metrics:
