@@ -234,6 +234,11 @@ def test_mapped_long_name_and_unreadable_file(tmp_path):
         warnings.simplefilter("always")
         d = opdump.load(tmp_path / "dump")
     assert any("1 Ascend protobuf (bin) dump files are malformed" in str(x.message) for x in w)
+    r = cli(tmp_path, "ls", str(tmp_path / "dump"))        # on the command line: one plain line per warning
+    assert r.returncode == 0, r.stderr
+    warned = [ln for ln in r.stderr.splitlines() if "malformed" in ln]
+    assert len(warned) == 1 and warned[0].startswith("opdump") and "Warning" not in warned[0], r.stderr
+    assert not any(".py:" in ln for ln in r.stderr.splitlines()), r.stderr
     rec = d.records()
     mm = rec[rec["op"] == "Default/network/MatMul-op2"]
     assert len(mm) == 3

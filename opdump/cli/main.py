@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from typing import List, Optional
 
 from ..version import __version__
@@ -53,6 +54,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    if args.command != "triage":        # triage's runs of the script keep Python's own format
+        warnings.formatwarning = _one_line_warning
     try:
         code = int(args.func(args) or 0)
         sys.stdout.flush()
@@ -65,6 +68,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise
         print(f"opdump {args.command}: needs {exc.name}; pip install 'opdump[analysis]'", file=sys.stderr)
         return 2
+
+
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    """An analysis command's warning as one line for people (Python's default format adds the
+    warning's source file and line of opdump's code, which tells a user nothing)."""
+    text = str(message)
+    return (text if text.startswith("opdump") else f"opdump: warning: {text}") + "\n"
 
 
 def _closed_pipe() -> int:
