@@ -38,6 +38,7 @@ import torch.fx as fx
 from torch.utils import _pytree as pytree
 
 from ..capture.graph.ops import tensor_inputs
+from ..capture.graph.taps import insert_taps, value_leaves
 from .overflow import OverflowWatch
 
 _WATCHES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -69,14 +70,6 @@ def session_watch(session) -> OverflowWatch:
     if found is None:
         found = _WATCHES[session] = _SessionWatch(session)
     return found.watch
-
-
-def _leaves(value) -> List:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)) and all(v is None or isinstance(v, torch.Tensor) for v in value):
-        return list(value)
-    return pytree.tree_leaves(value)
 
 
 class OverflowTaps:
@@ -128,7 +121,7 @@ class OverflowTaps:
             return
         op = rt.ops[index]
         try:
-            outputs = _leaves(value)
+            outputs = value_leaves(value)
             cloned = ()
             if op.mutates:
                 saved, cloned, written = self._before.pop(index, (inputs, (), ()))
@@ -172,23 +165,11 @@ def _written_slots(node: fx.Node, inputs: Sequence[fx.Node]) -> List[int]:
 def instrument_overflow(gm: fx.GraphModule, runtime, nodes: Sequence[fx.Node], watch: OverflowWatch) -> OverflowTaps:
     """Insert the overflow taps for ``nodes`` (aligned with ``runtime.ops``) and recompile ``gm``."""
     taps = OverflowTaps(runtime, watch)
-    graph = gm.graph
-    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    first_real = next(n for n in graph.nodes if n.op != "placeholder")
-    with graph.inserting_before(first_real):
-        graph.call_function(taps.begin, (placeholders,))
-    for node, op in zip(nodes, runtime.ops):
-        ins = tensor_inputs(node)
-        if op.mutates:
-            slots = _written_slots(node, ins)
-            if slots:
-                with graph.inserting_before(node):
-                    graph.call_function(taps.before, (op.index, ins, slots))
-        with graph.inserting_after(node):
-            graph.call_function(taps.after, (op.index, ins, node))
-    output = next(n for n in reversed(graph.nodes) if n.op == "output")
-    with graph.inserting_before(output):
-        graph.call_function(taps.end, ())
-    graph.lint()
-    gm.recompile()
+
+    def before(node, op):
+        slots = _written_slots(node, tensor_inputs(node)) if op.mutates else None
+        return [(taps.before, (op.index, tensor_inputs(node), slots))] if slots else []
+
+    insert_taps(gm, nodes, runtime.ops, taps.begin, taps.end, before,
+                lambda node, op: [(taps.after, (op.index, tensor_inputs(node), node))])
     return taps

@@ -26,12 +26,12 @@ Guarantees: a tap never raises (a failure stops the graph's capture through its 
 from __future__ import annotations
 
 import weakref
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 import torch.fx as fx
-from torch.utils import _pytree as pytree
 
+from ..capture.graph.taps import insert_taps, value_leaves
 from .watcher import Watcher
 
 _HUBS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -61,14 +61,6 @@ def session_watcher(session) -> _SessionWatcher:
     if found is None:
         found = _HUBS[session] = _SessionWatcher(session)
     return found
-
-
-def _leaves(value) -> List:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)) and all(v is None or isinstance(v, torch.Tensor) for v in value):
-        return list(value)
-    return pytree.tree_leaves(value)
 
 
 class WatcherTaps:
@@ -105,7 +97,7 @@ class WatcherTaps:
             return
         op = rt.ops[index]
         try:
-            outputs = _leaves(value)
+            outputs = value_leaves(value)
             if op.mutates:
                 for t in outputs:
                     if isinstance(t, torch.Tensor):
@@ -129,17 +121,5 @@ class WatcherTaps:
 def instrument_watcher(gm: fx.GraphModule, runtime, nodes: Sequence[fx.Node]) -> fx.GraphModule:
     """Insert the watcher taps for ``nodes`` (aligned with ``runtime.ops``) and recompile ``gm``."""
     taps = WatcherTaps(runtime, session_watcher(runtime.session))
-    graph = gm.graph
-    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    first_real = next(n for n in graph.nodes if n.op != "placeholder")
-    with graph.inserting_before(first_real):
-        graph.call_function(taps.begin, (placeholders,))
-    for node, op in zip(nodes, runtime.ops):
-        with graph.inserting_after(node):
-            graph.call_function(taps.after, (op.index, node))
-    output = next(n for n in reversed(graph.nodes) if n.op == "output")
-    with graph.inserting_before(output):
-        graph.call_function(taps.end, ())
-    graph.lint()
-    gm.recompile()
-    return gm
+    return insert_taps(gm, nodes, runtime.ops, taps.begin, taps.end,
+                       after=lambda node, op: [(taps.after, (op.index, node))])

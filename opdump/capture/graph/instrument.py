@@ -24,6 +24,7 @@ import torch.fx as fx
 
 from .ops import tensor_inputs
 from .runtime import GraphRuntime
+from .taps import insert_taps
 
 
 def instrument(gm: fx.GraphModule, runtime: GraphRuntime, nodes: Sequence[fx.Node],
@@ -32,28 +33,14 @@ def instrument(gm: fx.GraphModule, runtime: GraphRuntime, nodes: Sequence[fx.Nod
     if runtime.session.config.dump_scene == "watcher":     # watcher mode: every operator to the watcher
         from ...debug.watcher_graph import instrument_watcher
         return instrument_watcher(gm, runtime, nodes)
-    graph = gm.graph
-    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    first_real = next(n for n in graph.nodes if n.op != "placeholder")
-    with graph.inserting_before(first_real):
-        graph.call_function(runtime.begin, (placeholders,))
-    for node, op in zip(nodes, runtime.ops):
-        if not op.selected:
-            continue
-        if dump_inputs:
-            ins = tensor_inputs(node)
-            if ins:
-                with graph.inserting_before(node):
-                    graph.call_function(runtime.tap_inputs, (op.index, ins))
-        if dump_outputs:
-            with graph.inserting_after(node):
-                graph.call_function(runtime.tap_outputs, (op.index, node))
-    output = next(n for n in reversed(graph.nodes) if n.op == "output")
-    with graph.inserting_before(output):
-        graph.call_function(runtime.end, ())
-    graph.lint()
-    gm.recompile()
-    return gm
+    def taps_before(node, op):
+        ins = tensor_inputs(node) if op.selected and dump_inputs else None
+        return [(runtime.tap_inputs, (op.index, ins))] if ins else []
+
+    def taps_after(node, op):
+        return [(runtime.tap_outputs, (op.index, node))] if op.selected and dump_outputs else []
+
+    return insert_taps(gm, nodes, runtime.ops, runtime.begin, runtime.end, taps_before, taps_after)
 
 
 def uninstrument(gm: fx.GraphModule) -> fx.GraphModule:
