@@ -9,25 +9,7 @@ import sysconfig
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Sequence, Tuple
 
-
-class cached_property:
-    """``functools.cached_property`` without its lock (Python < 3.12 takes one lock, shared by
-    every instance, on each first access: ~0.5 us per operator on the eager path).  Two
-    threads computing the same name at once store the same string."""
-
-    def __init__(self, func):
-        self.func = func
-        self.name = func.__name__
-        self.__doc__ = func.__doc__
-
-    def __set_name__(self, owner, name):
-        self.name = name
-
-    def __get__(self, obj, objtype=None):
-        if obj is None:
-            return self
-        value = obj.__dict__[self.name] = self.func(obj)
-        return value
+from ..lazy import cached_property
 
 
 @dataclass(frozen=True)

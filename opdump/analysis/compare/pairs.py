@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Dict, List, Optional, Tuple
 
+from ...lazy import cached_property
 from ..common import base_op_type
 from ..reader import scope_of
 from ..reader.bincache import source as on_disk     # a bin tensor: {bin file}:{io}.{i}, not its temporary .npy
@@ -35,25 +36,6 @@ TABLE_COLUMNS = [
 #: TABLE_COLUMNS with the metrics' places (Pair.table_values lists them in this order)
 METRIC_COLUMNS = ("cosine", "max_abs_err", "max_rel_err", "mean_abs_err", "rmse", "euclidean", "within_1e-3",
                   "within_5e-3", "nonfinite_mismatch", "stat_max_rel_diff")
-
-
-class cached_property:  # noqa: N801 - functools' name, without its lock
-    """``functools.cached_property`` without the per-access lock Python 3.11 takes (half of
-    matching's time on 270,000 tensors): computed on first access, then an instance attribute."""
-
-    def __init__(self, func):
-        self.func = func
-        self.name = func.__name__
-        self.__doc__ = func.__doc__
-
-    def __set_name__(self, owner, name):
-        self.name = name
-
-    def __get__(self, obj, owner=None):
-        if obj is None:
-            return self
-        value = obj.__dict__[self.name] = self.func(obj)
-        return value
 
 
 @lru_cache(maxsize=1024)
