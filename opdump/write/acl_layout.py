@@ -25,7 +25,6 @@ import torch
 
 from ..config import ConfigError, DumpConfig
 from ..format import acl_layout as acl
-from ..format.files import MAPPING_FILE, mapping_line, too_long
 from ..select.kernels import KernelMatcher
 from .dump_folder import _probe, holds_dump
 from .layout import Layout
@@ -199,18 +198,7 @@ class AclLayout(Layout):
                 "each graphs/*.ir file starts with '# IR entry: @<model_name>')"
                 for model, _ in self.config.model_filter if model and names and model not in names]
 
-    # -- file names over 255 bytes (a bin file's stand-in has no extension)
-    def place(self, folder: str, file_name: str) -> str:
-        if not too_long(file_name):
-            return os.path.join(folder, file_name)
-        key = (folder, file_name)
-        with self._lock:
-            mapped = self._mapped.get(key)
-            if mapped is None:
-                mapped = self._mapped[key] = acl.mapped_name(file_name)
-                try:
-                    with self.tree.open_append(os.path.join(folder, MAPPING_FILE)) as fd:
-                        os.write(fd, mapping_line(mapped, file_name).encode("utf-8"))
-                except Exception as exc:     # noqa: BLE001 - reported: dumping stops
-                    self._report(exc)
-        return os.path.join(folder, mapped)
+    # -- file names over 255 bytes: Layout.place, a bin file's stand-in has no extension
+    @staticmethod
+    def _stand_in(file_name: str) -> str:
+        return acl.mapped_name(file_name)

@@ -105,7 +105,7 @@ class Layout:
         with self._lock:
             mapped = self._mapped.get(key)
             if mapped is None:
-                mapped = mapped_file_name(file_name)
+                mapped = self._stand_in(file_name)
                 self._mapped[key] = mapped
                 line = mapping_line(mapped, file_name).encode("utf-8")
                 try:
@@ -114,6 +114,11 @@ class Layout:
                 except Exception as exc:     # noqa: BLE001 - reported: dumping stops
                     self._report(exc)
         return os.path.join(folder, mapped)
+
+    @staticmethod
+    def _stand_in(file_name: str) -> str:
+        """The name a too-long file is stored under (random digits, its extension kept)."""
+        return mapped_file_name(file_name)
 
     def write_listing(self, graph_id: int, kind: str, ops, params) -> None:
         """A graph's ``.ir`` and ``.json`` (:func:`.graph_files.write_listing`); capture reaches
