@@ -31,13 +31,13 @@ Guarantees:
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, List, Optional, Tuple
 
 import numpy as np
 
 from ..format import ascend_bin as ab
+from .whole_files import save_npy
 from ..format.files import MAPPING_FILE, is_raw_name, mapped_file_name, mapping_line, too_long
 
 LAYOUTS = ("host", "device")
@@ -113,21 +113,6 @@ def decode_file(path: str, layout: str = "host",
     return out
 
 
-def _npy_save(path: str, array: np.ndarray) -> None:
-    """``numpy.save`` (no pickle) to a temporary file in the same folder, then renamed."""
-    fd, tmp = tempfile.mkstemp(prefix=".opdump-tmp-", dir=os.path.dirname(path) or ".")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.lib.format.write_array(f, array, allow_pickle=False)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def _candidates(src: str) -> Iterator[Tuple[str, str, bool]]:
     """``(path, folder relative to src, must_be_bin)`` of each file to convert."""
     if not os.path.isdir(src):
@@ -160,7 +145,7 @@ def convert(src: str, out: str, *, layout: str = "host",
     missing ``src`` raises FileNotFoundError."""
     if not os.path.exists(src):
         raise FileNotFoundError(f"{src}: no such file or folder")
-    save = save or _npy_save
+    save = save or save_npy
     report = ConvertReport()
     for path, rel, must in _candidates(src):
         if not must:                      # a file of another kind under the folder is skipped

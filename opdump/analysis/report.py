@@ -11,6 +11,8 @@ import math
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+from .whole_files import write_text
+
 __all__ = ["write_html_report", "render_html_report"]
 
 _COLORS = {"pass": "#2e7d32", "warning": "#f9a825", "diverged": "#c62828", "nondeterministic": "#6a1b9a",
@@ -309,8 +311,4 @@ def render_html_report(result, max_rows: int = 20000, title: Optional[str] = Non
 def write_html_report(result, path: Union[str, os.PathLike], max_rows: int = 20000, title: Optional[str] = None) -> str:
     """Write the HTML report of a :class:`~opdump.analysis.compare.CompareResult` to ``path``."""
     text = render_html_report(result, max_rows=max_rows, title=title)
-    tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
-    return os.fspath(path)
+    return write_text(path, text)

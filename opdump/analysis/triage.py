@@ -30,6 +30,7 @@ from .reader import open_dump
 from .triage_config import run1_config, run2_config, write_config
 from .triage_suspects import Suspects, from_overflow, from_reference, from_watch
 from .triage_verify import Reproduction, check_reproduction
+from .whole_files import write_text
 
 __all__ = ["Run", "TriageResult", "TriageError", "triage", "default_folder"]
 
@@ -264,7 +265,4 @@ def _file_form(name: str) -> str:
 
 
 def _write_json(result: TriageResult, path: str) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(result.to_dict(), f, indent=1, default=str)
-    os.replace(tmp, path)
+    write_text(path, json.dumps(result.to_dict(), indent=1, default=str))

@@ -18,6 +18,7 @@ import os
 from typing import Any, Dict, Iterable, List, Optional
 
 from ..config import ConfigError, load_config
+from .whole_files import write_text
 
 __all__ = ["DEFAULT_CATEGORIES", "run1_config", "run2_config", "write_config"]
 
@@ -82,10 +83,6 @@ def run2_config(run1: Dict[str, Any], path: str, kernels: Iterable[str], iterati
 
 def write_config(doc: Dict[str, Any], path: str) -> str:
     """Write ``doc`` to ``path`` whole and check it with opdump's loader (raises ConfigError)."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
+    write_text(path, json.dumps(doc, indent=2) + "\n")
     load_config(path)
     return path

@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 from .common import array_nonfinite, is_float_row, progress_bar, stats_nonfinite
 from .reader.npy import load_checked
 from .report import _CSS, _downsample, _e
+from .whole_files import write_text
 
 __all__ = ["series_of", "render_trend_html", "write_trend_html", "write_triage_html", "write_overflow_html",
            "write_watch_html"]
@@ -237,20 +238,12 @@ def render_trend_html(dump, title: str, boxes: Sequence[str] = (), origin: Optio
     return "\n".join(h)
 
 
-def _write(text: str, path: Union[str, os.PathLike]) -> str:
-    tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
-    return os.fspath(path)
-
-
 def write_trend_html(dump, path: Union[str, os.PathLike], title: str, boxes: Sequence[str] = (),
                      origin: Optional[Tuple[Any, Any]] = None, rank: Optional[int] = None, prefix: str = "origin",
                      marks: Sequence[Tuple[Any, Any]] = (), progress: bool = False) -> str:
     """Write :func:`render_trend_html` to ``path``."""
-    return _write(render_trend_html(dump, title, boxes, origin, rank, progress=progress, prefix=prefix,
-                                    marks=marks), path)
+    return write_text(path, render_trend_html(dump, title, boxes, origin, rank, progress=progress, prefix=prefix,
+                                              marks=marks))
 
 
 def _triage_boxes(result) -> List[str]:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from .verdict import Thresholds
+from ..whole_files import replace_whole
 
 __all__ = ["CompareResult", "RULE_FIRST_DIFFERENCE", "RULE_THRESHOLDS"]
 
@@ -59,9 +60,8 @@ class CompareResult:
                 or (self.rule == RULE_FIRST_DIFFERENCE and self.first_difference is not None))
 
     def to_csv(self, path: Union[str, os.PathLike]) -> None:
-        tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
-        self.table.to_csv(tmp, index=False, errors="backslashreplace")    # names with undecodable bytes
-        os.replace(tmp, path)
+        replace_whole(path, lambda tmp: self.table.to_csv(tmp, index=False,
+                                                          errors="backslashreplace"))   # undecodable names
 
     def to_html(self, path: Union[str, os.PathLike], **kw) -> None:
         from ..report import write_html_report

@@ -33,6 +33,7 @@ import numpy as np
 from ...format import ascend_bin, ascend_dtypes
 from ...format.device_formats import HOST_FORMATS, is_known
 from ..convert import PLAIN_FORMATS, decode_file
+from ..whole_files import save_npy
 
 
 @dataclass(frozen=True)
@@ -126,13 +127,6 @@ def host_header(path: str) -> Optional[Tuple[Tuple[int, ...], np.dtype]]:
     return (e.shape, e.dtype) if e is not None else None
 
 
-def _save(path: str, a: np.ndarray) -> None:
-    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-    with open(tmp, "wb") as f:
-        np.save(f, a, allow_pickle=False)
-    os.replace(tmp, path)
-
-
 def materialize(path: str) -> None:
     """Write the ``.npy`` files of the bin file behind ``path`` if they are not there yet
     (no-op for any other path)."""
@@ -147,7 +141,7 @@ def materialize(path: str) -> None:
             pe = _ENTRIES[p]
             a = arrays.get((pe.info.kind, pe.info.index))
             if a is not None and not os.path.exists(p):
-                _save(p, a)
+                save_npy(p, a)
 
 
 def _warn(message: str) -> None:
