@@ -38,7 +38,7 @@ import torch.fx as fx
 from torch.utils import _pytree as pytree
 
 from ..capture.graph.ops import tensor_inputs
-from ..capture.graph.taps import insert_taps, value_leaves
+from ..capture.graph.taps import CallTaps, insert_taps, value_leaves
 from .overflow import OverflowWatch
 
 _WATCHES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -72,33 +72,20 @@ def session_watch(session) -> OverflowWatch:
     return found.watch
 
 
-class OverflowTaps:
+class OverflowTaps(CallTaps):
     """What an overflow-watched ATen graph calls while it runs (see the module docstring)."""
 
-    #: :func:`opdump.capture.graph.instrument.uninstrument` removes calls to objects saying so
-    graph_tap = True
-
     def __init__(self, runtime, watch: OverflowWatch):
-        self.runtime = runtime
+        super().__init__(runtime)
         self.watch = watch
-        self.folder = None
         self._before: Dict[int, tuple] = {}
 
-    def begin(self, placeholders: Sequence) -> None:
-        self.folder = None
+    def opened(self, folder: str) -> None:
         self._before.clear()
-        rt = self.runtime
-        session = rt.session
-        if session is None:
-            return
-        try:
-            session.note_graph_ran(rt.graph_id)
-            if session.is_dumping():
-                folder = session.iteration_dir(rt.graph_id)
-                self.watch.touch(folder)
-                self.folder = folder
-        except Exception as exc:  # noqa: BLE001 - the dump must never break the step
-            rt._failed(exc, "the start of a dumped call")
+        self.watch.touch(folder)
+
+    def closing(self) -> None:
+        self.watch.flush()
 
     def before(self, index: int, inputs: Sequence, slots: Sequence[int]) -> None:
         if self.folder is None or self.runtime.session is None:
@@ -133,18 +120,6 @@ class OverflowTaps:
             self.watch.add(op, inputs, outputs, op.nonfinite_args, cloned, folder)
         except Exception as exc:  # noqa: BLE001
             rt._failed(exc, f"the outputs of {op.full_name}")
-
-    def end(self) -> None:
-        if self.folder is None:
-            return
-        self.folder = None
-        rt = self.runtime
-        try:
-            self.watch.flush()
-            if rt.recorder is not None:
-                rt.recorder.flush_statistics()
-        except Exception as exc:  # noqa: BLE001
-            rt._failed(exc, "the end of a dumped call")
 
 
 def _written_slots(node: fx.Node, inputs: Sequence[fx.Node]) -> List[int]:

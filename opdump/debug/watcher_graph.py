@@ -31,7 +31,7 @@ from typing import Optional, Sequence
 import torch
 import torch.fx as fx
 
-from ..capture.graph.taps import insert_taps, value_leaves
+from ..capture.graph.taps import CallTaps, insert_taps, value_leaves
 from .watcher import Watcher
 
 _HUBS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -63,29 +63,15 @@ def session_watcher(session) -> _SessionWatcher:
     return found
 
 
-class WatcherTaps:
+class WatcherTaps(CallTaps):
     """What a watched ATen graph calls while it runs (see the module docstring)."""
 
-    #: :func:`opdump.capture.graph.instrument.uninstrument` removes calls to objects saying so
-    graph_tap = True
-
     def __init__(self, runtime, hub: _SessionWatcher):
-        self.runtime = runtime
+        super().__init__(runtime)
         self.hub = hub
-        self.folder: Optional[str] = None
 
-    def begin(self, placeholders: Sequence) -> None:
-        self.folder = None
-        rt = self.runtime
-        session = rt.session
-        if session is None:
-            return
-        try:
-            session.note_graph_ran(rt.graph_id)
-            if session.is_dumping():
-                self.folder = self.hub.last_folder = session.iteration_dir(rt.graph_id)
-        except Exception as exc:  # noqa: BLE001 - the dump must never break the step
-            rt._failed(exc, "the start of a dumped call")
+    def opened(self, folder: str) -> None:
+        self.hub.last_folder = folder
 
     def after(self, index: int, value) -> None:
         folder = self.folder
@@ -105,17 +91,6 @@ class WatcherTaps:
             self.hub.watcher.after(op, outputs, outputs if op.mutates else (), folder)
         except Exception as exc:  # noqa: BLE001
             rt._failed(exc, f"the outputs of {op.full_name}")
-
-    def end(self) -> None:
-        if self.folder is None:
-            return
-        self.folder = None
-        rt = self.runtime
-        try:
-            if rt.recorder is not None:
-                rt.recorder.flush_statistics()
-        except Exception as exc:  # noqa: BLE001
-            rt._failed(exc, "the end of a dumped call")
 
 
 def instrument_watcher(gm: fx.GraphModule, runtime, nodes: Sequence[fx.Node]) -> fx.GraphModule:

@@ -54,3 +54,52 @@ def value_leaves(value) -> List:
     if isinstance(value, (tuple, list)) and all(v is None or isinstance(v, torch.Tensor) for v in value):
         return list(value)
     return pytree.tree_leaves(value)
+
+
+class CallTaps:
+    """``begin``/``end`` of one graph's taps for a mode that sees its operators one by one
+    (the overflow watch, the watcher): ``begin`` notes the call and, when the iteration
+    dumps, opens its folder (:attr:`folder`, None otherwise); ``end`` closes it and flushes
+    the recorder's statistics.  Subclasses add the per-operator taps and override the hooks
+    :meth:`opened` and :meth:`closing`.  No exception leaves a tap: a failure goes to the
+    runtime's ``_failed`` (one warning, the step goes on)."""
+
+    #: :func:`opdump.capture.graph.instrument.uninstrument` removes calls to objects saying so
+    graph_tap = True
+
+    def __init__(self, runtime):
+        self.runtime = runtime
+        self.folder: Optional[str] = None
+
+    def opened(self, folder: str) -> None:
+        """A dumped call starts writing into ``folder``."""
+
+    def closing(self) -> None:
+        """A dumped call ends (before the statistics flush)."""
+
+    def begin(self, placeholders: Sequence) -> None:
+        self.folder = None
+        rt = self.runtime
+        session = rt.session
+        if session is None:
+            return
+        try:
+            session.note_graph_ran(rt.graph_id)
+            if session.is_dumping():
+                folder = session.iteration_dir(rt.graph_id)
+                self.opened(folder)
+                self.folder = folder
+        except Exception as exc:  # noqa: BLE001 - the dump must never break the step
+            rt._failed(exc, "the start of a dumped call")
+
+    def end(self) -> None:
+        if self.folder is None:
+            return
+        self.folder = None
+        rt = self.runtime
+        try:
+            self.closing()
+            if rt.recorder is not None:
+                rt.recorder.flush_statistics()
+        except Exception as exc:  # noqa: BLE001
+            rt._failed(exc, "the end of a dumped call")
