@@ -27,10 +27,33 @@ from opdump.analysis.compare import compare
 from opdump.analysis.compare import run as R
 from opdump.analysis.compare.first import first_difference, first_divergence
 from opdump.analysis.compare.match import default_matchers, match
-from opdump.analysis.compare.pairs import TABLE_COLUMNS, Pair
+from opdump.analysis.compare.pairs import METRIC_COLUMNS, TABLE_COLUMNS, Pair, on_disk
 from opdump.analysis.compare.verdict import Thresholds, judge_pair
 from opdump.analysis.reader import open_dump
 from opdump.analysis.reader import statistics as S
+
+
+
+def _old_row(p):
+    """The per-pair dict row compare built before its table was made from lists (the oracle)."""
+    a, b, t = p.a, p.b, p.side
+    row = {
+        "rank": t.rank, "iteration": a.iteration if a is not None else None,
+        "iteration_b": b.iteration if b is not None else None, "graph": t.graph,
+        "op": a.op if a is not None else None, "op_b": b.op if b is not None else None,
+        "op_type": t.op_type, "kind": t.kind, "io": t.io, "slot": t.slot, "call": t.call,
+        "match": p.rule, "mode": p.mode, "verdict": p.verdict, "reason": p.reason,
+        "identical": p.identical,
+        "dtype_a": a.dtype if a is not None else None, "dtype_b": b.dtype if b is not None else None,
+        "shape_a": a.shape_text() if a is not None else None,
+        "shape_b": b.shape_text() if b is not None else None,
+        "source": p.source, "path_a": on_disk(a.path) if a is not None and a.path else None,
+        "path_b": on_disk(b.path) if b is not None and b.path else None,
+    }
+    for k in METRIC_COLUMNS:
+        if k in p.metrics:
+            row[k] = p.metrics[k]
+    return row
 
 
 def reference_read_statistic_csv(path: Path) -> List[Dict[str, Any]]:
@@ -208,7 +231,7 @@ def reference_compare_table(a, b, th: Thresholds = Thresholds()) -> pd.DataFrame
         p.source = sources(p)[0]
     rows = []
     for p in pairs:
-        r = p.to_row()
+        r = _old_row(p)
         rows.append({k: r.get(k) for k in TABLE_COLUMNS})
     table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
     table["order"] = range(len(table))

@@ -79,7 +79,7 @@ def _open_locked(config: DumpConfig, root: str, rank: int) -> DumpTree:
     tree = DumpTree(rank_dir)
     try:
         tree.open(create=True)
-    except UnsafePath as exc:
+    except UnsafePath:
         raise _refused(config, rank_dir, "it is a symbolic link or not a folder") from None
     except OSError as exc:
         raise _refused(config, exc.filename or rank_dir, exc.strerror or str(exc)) from None

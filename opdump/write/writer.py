@@ -39,7 +39,7 @@ import os
 import sys
 import threading
 import warnings
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List
 
 
 def _lowest_priority() -> None:

@@ -236,7 +236,7 @@ class Pair:
 
     def table_values(self) -> List[Any]:
         """The pair's row of the table as a list in :data:`TABLE_COLUMNS` order (``order``
-        None): what :meth:`to_row` gives, without building a dict per pair."""
+        None), without building a dict per pair."""
         a, b, t = self.a, self.b, self.side
         m = self.metrics
         return [None, t.rank, a.iteration if a is not None else None, b.iteration if b is not None else None,
@@ -249,23 +249,3 @@ class Pair:
                 a.shape_text() if a is not None else None, b.shape_text() if b is not None else None,
                 self.source, on_disk(a.path) if a is not None and a.path else None,
                 on_disk(b.path) if b is not None and b.path else None]
-
-    def to_row(self) -> Dict[str, Any]:
-        a, b, t = self.a, self.b, self.side
-        row = {
-            "rank": t.rank, "iteration": a.iteration if a is not None else None,
-            "iteration_b": b.iteration if b is not None else None, "graph": t.graph,
-            "op": a.op if a is not None else None, "op_b": b.op if b is not None else None,
-            "op_type": t.op_type, "kind": t.kind, "io": t.io, "slot": t.slot, "call": t.call,
-            "match": self.rule, "mode": self.mode, "verdict": self.verdict, "reason": self.reason,
-            "identical": self.identical,
-            "dtype_a": a.dtype if a is not None else None, "dtype_b": b.dtype if b is not None else None,
-            "shape_a": a.shape_text() if a is not None else None,
-            "shape_b": b.shape_text() if b is not None else None,
-            "source": self.source, "path_a": on_disk(a.path) if a is not None and a.path else None,
-            "path_b": on_disk(b.path) if b is not None and b.path else None,
-        }
-        for k in METRIC_COLUMNS:
-            if k in self.metrics:
-                row[k] = self.metrics[k]
-        return row

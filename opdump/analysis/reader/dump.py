@@ -159,7 +159,6 @@ class Dump:
         call, dtype, shape, format, nbytes, timestamp, task_id, stream_id, order, path, source
         (where it is on disk: ``{bin file}:{io}.{slot}`` for a tensor of an Ascend bin file,
         whose ``path`` is a temporary ``.npy``, see :mod:`.bincache`)."""
-        import pandas as pd
         rec = self.records()
         df = rec[rec["path"].notna()].copy()
         if with_shape:
