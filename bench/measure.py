@@ -392,7 +392,7 @@ class Bench:
         return out
 
     # ======================================================================= msprobe
-    def msprobe(self) -> Dict[str, Any]:
+    def msprobe(self, models=("alexnet", "transformer")) -> Dict[str, Any]:
         if self.quick:
             return {"status": "skipped in --quick"}
         py = os.path.join(MSPROBE_VENV, "bin", "python")
@@ -407,7 +407,8 @@ class Bench:
         log("[msprobe] running in its own environment")
         result: Dict[str, Any] = {"status": "ok", "models": {}, **setup}
         for task in ("statistics", "tensor"):
-            cmd = [py, os.path.join(HERE, "msprobe_child.py"), "--tmp", self.tmp, "--tasks", task]
+            cmd = [py, os.path.join(HERE, "msprobe_child.py"), "--tmp", self.tmp, "--tasks", task,
+                   "--models", ",".join(models)]
             proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
             line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("RESULT ")), None)
             if proc.returncode != 0 or line is None:

@@ -6,7 +6,12 @@
   (d_model 256, 4 heads, PyTorch's defaults otherwise: dim_feedforward 2048,
   dropout 0.1, post-norm), seq 128, batch 8, mean pooling + a linear head, AdamW;
 * ``mlp``: a wide MLP (1024 → width → width → 1024, ReLU), batch 256, SGD — large
-  tensors (a 4096×4096 float32 weight is 64 MiB) for write throughput.
+  tensors (a 4096×4096 float32 weight is 64 MiB) for write throughput;
+* ``decoder``: a Llama-style decoder with small kernels (``transformers``
+  ``LlamaForCausalLM`` built from a config, random weights, no download): 2 layers,
+  hidden 64, 4 heads, 2 KV heads, MLP 128, vocab 512, seq 64, batch 4, next-token
+  cross-entropy, AdamW — about a thousand small operators per step, where the host's
+  Python per operator, not the kernels, sets the step time (issue 24 item 5).
 
 Every builder takes ``quick`` (smaller sizes for the smoke run) and seeds the
 initialisation, so two instances built with the same arguments are identical.
@@ -117,4 +122,31 @@ def mlp(quick: bool = False, width: Optional[int] = None, seed: int = 0) -> Work
                     model, opt, x, y, F.cross_entropy, extra={"width": w})
 
 
-BUILDERS = {"alexnet": alexnet, "transformer": transformer, "mlp": mlp}
+def _lm_loss(out, y):
+    """Next-token cross-entropy over every position: ``out`` is the model's output
+    (``.logits`` of a ``transformers`` causal LM, batch × seq × vocab), ``y`` the targets."""
+    logits = out.logits if hasattr(out, "logits") else out
+    return F.cross_entropy(logits.flatten(0, 1), y.flatten())
+
+
+def decoder(quick: bool = False, seed: int = 0) -> Workload:
+    """The Llama-style small-kernel decoder (needs ``transformers``, the test extra)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(seed)
+    if quick:
+        layers, hidden, heads, kv, ffn, vocab, seq, batch = 1, 32, 4, 2, 64, 128, 16, 2
+    else:
+        layers, hidden, heads, kv, ffn, vocab, seq, batch = 2, 64, 4, 2, 128, 512, 64, 4
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=2 * seq,
+                         attention_dropout=0.0, use_cache=False)
+    model = LlamaForCausalLM(config)
+    tokens = torch.randint(0, vocab, (batch, seq + 1))
+    x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    return Workload("decoder", f"Llama-style decoder (transformers LlamaForCausalLM), {layers} layer{'s' * (layers > 1)}, hidden {hidden}, "
+                    f"{heads} heads, {kv} KV heads, MLP {ffn}, vocab {vocab}, seq {seq}, batch {batch}, AdamW",
+                    model, opt, x, y, _lm_loss, extra={"layers": layers})
+
+
+BUILDERS = {"alexnet": alexnet, "transformer": transformer, "mlp": mlp, "decoder": decoder}

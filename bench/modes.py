@@ -50,6 +50,7 @@ QUICK_MODES = {
     "alexnet": None,
     "transformer": {"graph statistic device", "eager statistic device"},
     "mlp": {"graph not-selected", "graph tensor"},
+    "decoder": {"graph statistic device", "eager statistic device"},
 }
 
 

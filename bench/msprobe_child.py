@@ -62,7 +62,7 @@ def _counts(dump: str) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tmp", default=tempfile.gettempdir())
-    ap.add_argument("--models", default="alexnet,transformer")
+    ap.add_argument("--models", default="alexnet,transformer", help="comma list of bench/models.py's BUILDERS")
     ap.add_argument("--tasks", default="statistics",
                     help="PrecisionDebugger is a process-wide singleton that patches torch: one task per process")
     args = ap.parse_args()
@@ -77,8 +77,8 @@ def main() -> int:
     for name in args.models.split(","):
         res = {}
         base = M.BUILDERS[name]()
-        H.warm(base.step, 2)
-        est = sorted(H.warm(base.step, 1) for _ in range(3))[1]
+        H.warm(base.step, 3)           # a fresh process's first steps are slow (lazy init): not the estimate
+        est = sorted(H.warm(base.step, 1) for _ in range(5))[2]
         for task in args.tasks.split(","):
             folder = tempfile.mkdtemp(prefix=f"msprobe-{name}-{task}-", dir=args.tmp)
             sink = io.StringIO()
