@@ -25,6 +25,7 @@ from .kernels import KERNEL_RULES, with_kernels
 from .pairs import TABLE_COLUMNS, Pair, Tensor
 from .fields import make_tensors
 from .gcpause import gc_paused, gc_running
+from .stat_fast import statistics_compare
 from .pool import default_workers, run_pairs
 from .result import RULE_FIRST_DIFFERENCE, RULE_THRESHOLDS, CompareResult
 from .verdict import Thresholds, judge_metrics, judge_pair, judge_statistics
@@ -205,14 +206,21 @@ def compare(a: Union[str, os.PathLike, Dump], b: Union[str, os.PathLike, Dump], 
     da, db = _open(a), _open(b)
     if isinstance(mapping, (str, os.PathLike)):
         mapping = load_mapping(mapping)
+    plain = None
     if matchers is None:
-        matchers = with_kernels(default_matchers(mapping), da, db)     # a kernel dump: buffers -> operators
+        plain = default_matchers(mapping)
+        matchers = with_kernels(plain, da, db)     # a kernel dump: buffers -> operators
     if workers is None:
         workers = default_workers()
     if rank_b is not None and rank is None:
         rank = min(da.rank_ids) if da.rank_ids else 0
     rank_pairs = ([(rank, rank_b if rank_b is not None else rank)] if rank is not None
                   else [(r, r) for r in sorted(set(da.rank_ids) | set(db.rank_ids))])
+    if matchers is plain and not mapping:        # statistics only: column-wise when it applies (.stat_fast)
+        fast = statistics_compare(da, db, rank_pairs, iterations, io, include_parameters, thresholds,
+                                  _check_samples, _iteration_pairs, _Sources(da, db))
+        if fast is not None:
+            return fast
     pairs: List[Pair] = []
     all_it_pairs: List[Tuple[int, int]] = []
     seen_a = seen_b = False

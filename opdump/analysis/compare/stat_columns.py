@@ -22,7 +22,7 @@ import numpy as np
 
 from .pairs import Pair
 
-__all__ = ["judge_statistics", "nonfinite_codes"]
+__all__ = ["judge_statistics", "judge_columns", "nonfinite_codes", "nonfinite_codes_of", "column_of_values"]
 
 _VALUES = ("max", "min", "avg", "l2norm")            # verdict._STATS_FOR_COMPARE, in its order
 _COUNTS = ("nan_count", "positive_inf_count", "negative_inf_count")
@@ -42,7 +42,11 @@ def _f(v: Any) -> Optional[float]:
 def _column(rows: Sequence[Dict[str, Any]], key: str) -> Tuple[np.ndarray, np.ndarray]:
     """(values, known) of ``key`` over ``rows``: ``common._f`` of each cell (float, or None
     when missing or not a number), as float64 with ``known`` False where it is None."""
-    vals = [r.get(key) for r in rows]
+    return column_of_values([r.get(key) for r in rows])
+
+
+def column_of_values(vals: List[Any]) -> Tuple[np.ndarray, np.ndarray]:
+    """:func:`_column` of the cells ``vals`` (one per row; None where the row lacks the key)."""
     if not set(map(type, vals)) <= _NUMBER_TYPES:
         vals = [_f(v) for v in vals]
     obj = np.empty(len(vals), dtype=object)
@@ -55,15 +59,19 @@ def _column(rows: Sequence[Dict[str, Any]], key: str) -> Tuple[np.ndarray, np.nd
 def nonfinite_codes(rows: Sequence[Dict[str, Any]], columns: Optional[Dict[str, Tuple]] = None) -> np.ndarray:
     """:func:`opdump.analysis.common.stats_nonfinite` of every row: 1 (True), 0 (False),
     -1 (None: cannot tell).  ``columns``: :func:`_column` of the value keys, when already read."""
-    n = len(rows)
+    return nonfinite_codes_of(lambda k: _column(rows, k), len(rows), columns)
+
+
+def nonfinite_codes_of(column, n: int, columns: Optional[Dict[str, Tuple]] = None) -> np.ndarray:
+    """:func:`nonfinite_codes` with ``column(key)`` giving :func:`_column` of a key."""
     columns = columns or {}
-    count, kc = _column(rows, "count")
-    size, ks = _column(rows, "data_size")
+    count, kc = column("count")
+    size, ks = column("data_size")
     empty = (kc & (count == 0)) | (ks & (size == 0))
     any_pos = np.zeros(n, bool)
     have_all = np.ones(n, bool)
     for k in _COUNTS:
-        v, kv = _column(rows, k)
+        v, kv = column(k)
         known = kv & ~np.isnan(v)
         any_pos |= known & (v > 0)
         have_all &= known
@@ -71,7 +79,7 @@ def nonfinite_codes(rows: Sequence[Dict[str, Any]], columns: Optional[Dict[str, 
     any_nan = np.zeros(n, bool)
     any_known = np.zeros(n, bool)
     for k in _VALUES:
-        v, kv = columns[k] if k in columns else _column(rows, k)
+        v, kv = columns[k] if k in columns else column(k)
         any_inf |= kv & np.isinf(v)
         any_nan |= kv & np.isnan(v)
         any_known |= kv
@@ -79,11 +87,6 @@ def nonfinite_codes(rows: Sequence[Dict[str, Any]], columns: Optional[Dict[str, 
     out = np.where(any_nan, np.where(have_all, 0, 1), out)
     out = np.where(any_inf | any_pos, 1, out)
     return np.where(empty, 0, out).astype(np.int8)
-
-
-def _md5_equal(ra: Dict[str, Any], rb: Dict[str, Any]) -> bool:
-    ma, mb = ra.get("md5"), rb.get("md5")
-    return isinstance(ma, str) and isinstance(mb, str) and bool(ma) and bool(mb) and ma == mb
 
 
 def judge_statistics(pairs: List[Pair], th, tolerance, random_rule) -> None:
@@ -95,11 +98,31 @@ def judge_statistics(pairs: List[Pair], th, tolerance, random_rule) -> None:
         return
     ra = [p.a.row for p in pairs]
     rb = [p.b.row for p in pairs]
-    n = len(pairs)
-    col_a = {k: _column(ra, k) for k in _VALUES}
-    col_b = {k: _column(rb, k) for k in _VALUES}
-    na, nb = nonfinite_codes(ra, col_a), nonfinite_codes(rb, col_b)
-    md5 = np.fromiter((_md5_equal(x, y) for x, y in zip(ra, rb)), dtype=bool, count=n)
+    has_any = [any(k in x and k in y for k in _VALUES) for x, y in zip(ra, rb)]
+    same = [p.same_dtype for p in pairs]
+    out = judge_columns(lambda k: _column(ra, k), lambda k: _column(rb, k), len(pairs),
+                        [x.get("md5") for x in ra], [y.get("md5") for y in rb], has_any, same,
+                        [p.a.dtype for p in pairs], th, tolerance)
+    for p, v, why, extra, ident in zip(pairs, *out):
+        p.mode = "statistics"
+        p.metrics.update(extra)
+        p.verdict, p.reason = v, why
+        p.identical = ident
+        random_rule(p)
+
+
+def judge_columns(column_a, column_b, n: int, md5_a: List[Any], md5_b: List[Any], has_any: List[bool],
+                  same_dtype: List[bool], dtype_a: List[Any], th, tolerance):
+    """The column core of :func:`judge_statistics`: ``column_a(key)``/``column_b(key)`` give
+    :func:`_column` of a key over A's/B's rows (pair by pair), ``md5_*`` the MD5 cells,
+    ``has_any`` whether both rows hold one of max/min/avg/l2norm, ``same_dtype`` and
+    ``dtype_a`` what :class:`.pairs.Pair` says.  Returns (verdicts, reasons, metrics dicts,
+    identical) lists, before the random-operator rule."""
+    col_a = {k: column_a(k) for k in _VALUES}
+    col_b = {k: column_b(k) for k in _VALUES}
+    na, nb = nonfinite_codes_of(column_a, n, col_a), nonfinite_codes_of(column_b, n, col_b)
+    md5 = np.fromiter((isinstance(ma, str) and isinstance(mb, str) and bool(ma) and bool(mb) and ma == mb
+                       for ma, mb in zip(md5_a, md5_b)), dtype=bool, count=n)
     nf_diverged = ~md5 & (na >= 0) & (nb >= 0) & (na != nb)
     live = ~md5 & ~nf_diverged
     either_nf = (na == 1) | (nb == 1)
@@ -135,9 +158,11 @@ def judge_statistics(pairs: List[Pair], th, tolerance, random_rule) -> None:
     worst_l, worst_all_l, wk, nk = worst.tolist(), worst_all.tolist(), worst_k.tolist(), nan_k.tolist()
     na_l, nb_l, md5_l, nfd_l = na.tolist(), nb.tolist(), md5.tolist(), nf_diverged.tolist()
     tol_cache: Dict[Any, float] = {}
-    for i, p in enumerate(pairs):
-        x, y = ra[i], rb[i]
-        p.mode = "statistics"
+    verdicts: List[str] = []
+    reasons: List[str] = []
+    extras: List[Dict[str, Any]] = []
+    identical: List[Optional[bool]] = []
+    for i in range(n):
         if md5_l[i]:
             extra = {"stat_max_rel_diff": 0.0, "stat_rel_diff_all": 0.0}
             v, why = "pass", "identical (MD5)"
@@ -152,24 +177,22 @@ def judge_statistics(pairs: List[Pair], th, tolerance, random_rule) -> None:
             extra = {"stat_max_rel_diff": worst_l[i], "stat_rel_diff_all": worst_all_l[i]}
             if wk[i] < 0:
                 v = "pass"
-                why = ("statistics agree" if any(k in x and k in y for k in _VALUES)
-                       else "no comparable statistics")
+                why = "statistics agree" if has_any[i] else "no comparable statistics"
             else:
                 w = worst_l[i]
                 why = f"{_VALUES[wk[i]]} differs by {w:.3g} (relative)"
                 v = "diverged" if w > th.stat_fail else "warning" if w > th.stat_warn else "pass"
-        p.metrics.update(extra)
-        p.verdict, p.reason = v, why
-        if p.same_dtype:
-            p.identical = _identical(x, y, extra, p.a.dtype, na_l[i], nb_l[i], tolerance, tol_cache)
-        else:
-            p.identical = None
-        random_rule(p)
+        verdicts.append(v)
+        reasons.append(why)
+        extras.append(extra)
+        identical.append(_identical(md5_a[i], md5_b[i], extra, dtype_a[i], na_l[i], nb_l[i], tolerance, tol_cache)
+                         if same_dtype[i] else None)
+    return verdicts, reasons, extras, identical
 
 
-def _identical(ra, rb, extra, dtype, na: int, nb: int, tolerance, cache: Dict[Any, float]) -> bool:
-    """:func:`.verdict._stats_identical` with the NaN/Inf codes of :func:`nonfinite_codes`."""
-    ma, mb = ra.get("md5"), rb.get("md5")
+def _identical(ma, mb, extra, dtype, na: int, nb: int, tolerance, cache: Dict[Any, float]) -> bool:
+    """:func:`.verdict._stats_identical` (``ma``/``mb`` the MD5 cells) with the NaN/Inf codes
+    of :func:`nonfinite_codes`."""
     if isinstance(ma, str) and isinstance(mb, str) and ma and mb:
         return ma == mb
     d = extra.get("stat_rel_diff_all", 0.0) or 0.0

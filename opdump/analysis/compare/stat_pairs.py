@@ -1,0 +1,277 @@
+"""The pairs of a statistics-only compare as columns (:mod:`.stat_fast`): verdicts, the
+table, the summary and where A and B part, with the per-row stages' rules.
+
+Guarantee: for pairs made as :mod:`.stat_fast` makes them, the same verdicts
+(:func:`.verdict.judge_pair` then :func:`.stat_columns.judge_columns`), table (columns,
+values, dtypes, order: :meth:`.pairs.Pair.sort_key`), counts, first difference and first
+divergence as ``compare``'s per-row stages.  First difference/divergence are computed by
+:mod:`.first` itself, on :class:`.pairs.Pair` records built only for the pairs those
+functions can look at (the differing ones and the calls they name), in table order.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+from .fields import make_tensors
+from .first import first_difference, first_divergence
+from .pairs import TABLE_COLUMNS, Pair, _shape_text
+from .result import RULE_FIRST_DIFFERENCE, RULE_THRESHOLDS, CompareResult
+from .stat_columns import _VALUES, column_of_values, judge_columns
+
+__all__ = ["StatPairs", "finish_result"]
+
+_SKIPPED = "undefined values (uninitialised or overwritten)"
+_FIRST_CALLS = 64           # calls materialised for the first difference before trying them all
+
+
+def _dtype(v: Any) -> Optional[str]:
+    return v if isinstance(v, str) and v else None          # Tensor.dtype (no np_dtype: no file)
+
+
+def _shape_texts(texts: List[Any]) -> List[Optional[str]]:
+    from .run import _shape_from_text            # run imports .stat_fast, which imports this
+    cache: Dict[Any, Optional[str]] = {}
+    out = []
+    for t in texts:
+        try:
+            r = cache[t]
+        except (KeyError, TypeError):
+            s = _shape_from_text(t)
+            r = None if s is None else _shape_text(s)
+            try:
+                cache[t] = r
+            except TypeError:
+                pass
+        out.append(r)
+    return out
+
+
+class StatPairs:
+    """Column lists, one entry per pair, in table order; ``src`` (side frame, row) per pair."""
+
+    def __init__(self):
+        self.cols: Dict[str, list] = {}
+
+    @classmethod
+    def build(cls, sides, parts, th) -> "StatPairs":
+        from .verdict import same_dtype_tolerance
+        from .stat_fast import garbage, random_rule
+        self = cls()
+        c: Dict[str, list] = {k: [] for k in (
+            "rank", "iteration", "iteration_b", "graph", "op", "op_b", "op_type", "kind", "io", "slot", "call",
+            "match", "order", "dtype_a", "dtype_b", "shape_a", "shape_b", "side", "row_a", "row_b",
+            "op_type_b", "io_b", "slot_b", "kind_b", "rank_b", "graph_b", "op_file", "op_file_b", "call_b")}
+        stat = {"a": {k: [] for k in _VALUES + ("count", "data_size", "nan_count", "positive_inf_count",
+                                                 "negative_inf_count", "md5")},
+                "b": {k: [] for k in _VALUES + ("count", "data_size", "nan_count", "positive_inf_count",
+                                                 "negative_inf_count", "md5")}}
+        has_any: List[bool] = []
+        for s, ((sa, sb), (ai, bi, rules)) in enumerate(zip(sides, parts)):
+            ai_l, bi_l = ai.tolist(), bi.tolist()
+
+            def take(frame, col, rows):
+                if col not in frame.columns:
+                    return [None] * len(rows)
+                v = frame[col].tolist()
+                return [v[i] for i in rows]
+
+            def its(frame, rows):
+                v = frame["iteration"].astype(object).tolist()
+                return [None if (x is None or x != x) else int(x) for x in (v[i] for i in rows)]
+            for k in ("rank", "graph", "op", "op_type", "kind", "io", "slot", "call", "order", "op_file"):
+                c[k] += take(sa, k, ai_l)
+            for k, dst in (("op", "op_b"), ("op_type", "op_type_b"), ("io", "io_b"), ("slot", "slot_b"),
+                           ("kind", "kind_b"), ("rank", "rank_b"), ("graph", "graph_b"), ("op_file", "op_file_b"),
+                           ("call", "call_b")):
+                c[dst] += take(sb, k, bi_l)
+            c["iteration"] += its(sa, ai_l)
+            c["iteration_b"] += its(sb, bi_l)
+            c["match"] += rules.tolist()
+            c["dtype_a"] += [_dtype(v) for v in take(sa, "dtype", ai_l)]
+            c["dtype_b"] += [_dtype(v) for v in take(sb, "dtype", bi_l)]
+            c["shape_a"] += _shape_texts(take(sa, "shape", ai_l))
+            c["shape_b"] += _shape_texts(take(sb, "shape", bi_l))
+            c["side"] += [s] * len(ai_l)
+            c["row_a"] += ai_l
+            c["row_b"] += bi_l
+            for k in stat["a"]:
+                stat["a"][k] += take(sa, k, ai_l)
+                stat["b"][k] += take(sb, k, bi_l)
+            any_k = any(k in sa.columns and k in sb.columns for k in _VALUES)
+            has_any += [any_k] * len(ai_l)
+        for k in ("rank", "graph", "slot", "call", "order", "rank_b", "graph_b", "slot_b", "call_b"):
+            c[k] = [int(v) for v in c[k]]
+        n = len(c["rank"])
+        # verdicts (judge_pair, then the statistics of the pairs it does not skip)
+        skip = [x or y for x, y in zip(garbage(c["op_type"], c["io"], c["slot"]),
+                                       garbage(c["op_type_b"], c["io_b"], c["slot_b"]))]
+        live = [i for i in range(n) if not skip[i]]
+        same = [bool(x) and x.lower() == (y or "").lower() for x, y in zip(c["dtype_a"], c["dtype_b"])]
+        verdict: List[Optional[str]] = ["skipped"] * n
+        reason = [_SKIPPED] * n
+        mode = [""] * n
+        metrics: List[Dict[str, Any]] = [{} for _ in range(n)]
+        identical: List[Optional[bool]] = [None] * n
+        if live:
+            def col(side):
+                def f(k):
+                    vals = stat[side].get(k)
+                    return column_of_values([vals[i] for i in live] if vals is not None else [None] * len(live))
+                return f
+            v, r, ex, ident = judge_columns(col("a"), col("b"), len(live), [stat["a"]["md5"][i] for i in live],
+                                            [stat["b"]["md5"][i] for i in live], [has_any[i] for i in live],
+                                            [same[i] for i in live], [c["dtype_a"][i] for i in live], th,
+                                            lambda dtype: same_dtype_tolerance(dtype, th))
+            for k, i in enumerate(live):
+                verdict[i], reason[i], metrics[i], identical[i], mode[i] = v[k], r[k], ex[k], ident[k], "statistics"
+        random_rule(c["op_type"], c["io"], verdict, reason)
+        c["verdict"], c["reason"], c["mode"], c["metrics"], c["identical"], c["same"] = (
+            verdict, reason, mode, metrics, identical, same)
+        # table order: Pair.sort_key (every pair has its A side)
+        it_key = np.asarray([1 << 60 if x is None else x for x in c["iteration"]], dtype=np.int64)
+        order = np.lexsort((np.asarray(c["order"], np.int64), np.asarray(c["rank"], np.int64), it_key)).tolist()
+        self.cols = {k: [v[i] for i in order] for k, v in c.items()}
+        self.sides = sides
+        return self
+
+    def tensors(self, idx: List[int]) -> List[Pair]:
+        """:class:`Pair` records (fields as the per-row stages set them) of the pairs ``idx``."""
+        from .run import _shape_from_text
+        c = self.cols
+        made: Dict[tuple, Any] = {}
+        for s, (sa, sb) in enumerate(self.sides):
+            for frame, rows_key, tag in ((sa, "row_a", "a"), (sb, "row_b", "b")):
+                rows = sorted({c[rows_key][k] for k in idx if c["side"][k] == s})
+                if not rows:
+                    continue
+                for r, t in zip(rows, make_tensors(frame.iloc[rows])):
+                    t.shape = _shape_from_text(t.row.get("shape"))
+                    made[(s, tag, r)] = t
+        return [Pair(made[(c["side"][k], "a", c["row_a"][k])], made[(c["side"][k], "b", c["row_b"][k])],
+                     c["match"][k], c["mode"][k], c["verdict"][k], c["reason"][k], c["identical"][k],
+                     dict(c["metrics"][k]), c["source"][k]) for k in idx]
+
+
+def _sources(sp: StatPairs, da, db, sources) -> None:
+    """``_Sources`` of every pair (A's operator, else B's), looked up once per operator."""
+    class _T:
+        __slots__ = ("kind", "rank", "graph", "op")
+
+        def __init__(self, kind, rank, graph, op):
+            self.kind, self.rank, self.graph, self.op = kind, rank, graph, op
+    c = sp.cols
+    cache: Dict[tuple, str] = {}
+    out = []
+    for ka, ra, ga, oa, kb, rb, gb, ob in zip(c["kind"], c["rank"], c["graph"], c["op"], c["kind_b"], c["rank_b"],
+                                              c["graph_b"], c["op_b"]):
+        key = (ka, ra, ga, oa, kb, rb, gb, ob)
+        s = cache.get(key)
+        if s is None:
+            s = sources.of_tensor(da, _T(ka, ra, ga, oa))
+            if not s[0]:
+                s = sources.of_tensor(db, _T(kb, rb, gb, ob))
+            s = cache[key] = s[0]
+        out.append(s)
+    c["source"] = out
+
+
+def _table(sp: StatPairs, pd):
+    c = sp.cols
+    n = len(c["rank"])
+    none = [None] * n
+    m = c["metrics"]
+    data = {
+        "order": none, "rank": c["rank"], "iteration": c["iteration"], "iteration_b": c["iteration_b"],
+        "graph": c["graph"], "op": c["op"], "op_b": c["op_b"], "op_type": c["op_type"], "kind": c["kind"],
+        "io": c["io"], "slot": c["slot"], "call": c["call"], "match": c["match"], "mode": c["mode"],
+        "verdict": c["verdict"], "reason": c["reason"], "identical": c["identical"],
+        "stat_max_rel_diff": [x.get("stat_max_rel_diff") for x in m],
+        "dtype_a": c["dtype_a"], "dtype_b": c["dtype_b"], "shape_a": c["shape_a"], "shape_b": c["shape_b"],
+        "source": c["source"], "path_a": none, "path_b": none}
+    cols = {}
+    for k in TABLE_COLUMNS:
+        v = data.get(k, none)
+        arr = np.empty(n, dtype=object)
+        arr[:] = v
+        cols[k] = arr
+    # the per-row stages build the frame from rows of Python objects: the same inference
+    table = pd.DataFrame(cols, columns=TABLE_COLUMNS).infer_objects()
+    table["order"] = range(len(table))
+    for k in ("iteration", "iteration_b"):
+        table[k] = pd.array(c[k], dtype="Int64")
+    return table
+
+
+def finish_result(da, db, sp: StatPairs, rank_pairs, it_pairs, thresholds, sources) -> CompareResult:
+    """The :class:`CompareResult` of ``sp`` (``compare``'s last stages, column-wise)."""
+    import pandas as pd
+    _sources(sp, da, db, sources)
+    c = sp.cols
+    n = len(c["rank"])
+    compared = [i for i in range(n) if c["identical"][i] is not None
+                or (c["mode"][i] and c["verdict"][i] not in ("unreadable", "unmatched"))]
+    same = bool(compared) and all(c["same"][i] for i in compared)
+    fdiff, nondet_d = _first_difference(sp, sources) if same else (None, [])
+    fdiv, nondet, params = _first_divergence(sp, sources)
+    if same:
+        rule, note = RULE_FIRST_DIFFERENCE, ("A and B hold the same dtypes: identical means bit-equal or within "
+                                             f"max({thresholds.same_rtol:g}, eps)·max|B|")
+    else:
+        mixed = sum(1 for i in compared if not c["same"][i])
+        rule, note = RULE_THRESHOLDS, (f"dtypes differ in {mixed} of {len(compared)} compared pairs: "
+                                       "cosine and error thresholds decide")
+    matched_by: Dict[str, int] = {}
+    for r in c["match"]:
+        matched_by[r] = matched_by.get(r, 0) + 1
+    calls_a = len({k for k, kind in zip(zip(c["rank"], c["iteration"], c["graph"], c["op_file"], c["call"]),
+                                        c["kind"]) if kind == "op"})
+    calls_b = len({k for k, kind in zip(zip(c["rank_b"], c["iteration_b"], c["graph_b"], c["op_file_b"],
+                                            c["call_b"]), c["kind_b"]) if kind == "op"})
+    ops = {"calls_a": calls_a, "matched_a": calls_a, "calls_b": calls_b, "matched_b": calls_b}
+    result = CompareResult(str(da.path), str(db.path), _table(sp, pd), None, [], [], [], [], thresholds, it_pairs,
+                           (rank_pairs[0] if len(rank_pairs) == 1 else (None, None)), matched_by=matched_by,
+                           operators=ops, unreadable=[], warnings=[], front_end_a=[], front_end_b=[],
+                           kernel_only_a=[], kernel_only_b=[])
+    result.first_divergence, result.diverged_parameters = fdiv, params
+    result.nondeterministic_before = nondet_d if same and fdiff is not None else nondet
+    result.first_difference, result.rule, result.rule_note = fdiff, rule, note
+    return result
+
+
+def _call_keys(c) -> List[tuple]:
+    return list(zip(c["rank"], c["iteration"], c["graph"], c["op_file"], c["call"]))
+
+
+def _first_divergence(sp: StatPairs, sources):
+    """:func:`.first.first_divergence` on the pairs it can look at: the diverged and
+    nondeterministic ones, and every pair of the first diverged operator's call."""
+    c = sp.cols
+    idx = [i for i, v in enumerate(c["verdict"]) if v in ("diverged", "nondeterministic")]
+    first = next((i for i in idx if c["verdict"][i] == "diverged" and c["kind"][i] == "op"), None)
+    if first is not None:
+        keys = _call_keys(c)
+        idx = sorted(set(idx) | {i for i, k in enumerate(keys) if k == keys[first]})
+    return first_divergence(sp.tensors(idx), sources)
+
+
+def _first_difference(sp: StatPairs, sources):
+    """:func:`.first.first_difference` on the pairs it can look at: the calls of A holding a
+    pair that is not identical (the first few, then all when those decide nothing) and the
+    parameters that are not identical."""
+    c = sp.cols
+    keys = _call_keys(c)
+    params = [i for i in range(len(keys)) if c["kind"][i] != "op" and c["identical"][i] is False]
+    differ: Dict[tuple, None] = {}
+    for i, k in enumerate(keys):
+        if c["kind"][i] == "op" and c["identical"][i] is False:
+            differ.setdefault(k, None)
+    order = list(differ)
+    for limit in (_FIRST_CALLS, None):
+        chosen = set(order[:limit] if limit else order)
+        idx = sorted(set(params) | {i for i, k in enumerate(keys) if c["kind"][i] == "op" and k in chosen})
+        out = first_difference(sp.tensors(idx), sources)
+        if out[0] is not None or limit is None or len(order) <= limit:
+            return out
+    return out  # pragma: no cover
