@@ -28,9 +28,18 @@ from ..stats import StatsEngine
 from ..stats.device import tensor_version
 from ..debug.sample import sample_size, take_array
 from .copies import Clock, Seen, copy_out, stream_id_of
+from .held import HeldCopy, Holds
 from .rows import ROW_BYTES, encode_batch, shape_text
 
 _UNRESOLVED = object()
+
+
+def _holdable(tensor: torch.Tensor) -> bool:
+    """A tensor whose file can be written from its own memory (:mod:`.held`): a plain,
+    non-empty, C-contiguous CPU tensor, no lazy conjugate/negation, no quantization."""
+    return (tensor.device.type == "cpu" and type(tensor) in (torch.Tensor, torch.nn.Parameter)
+            and tensor.numel() > 0 and tensor.is_contiguous() and not tensor.is_conj() and not tensor.is_neg()
+            and not tensor.is_quantized)
 
 
 class Recorder:
@@ -45,6 +54,8 @@ class Recorder:
         self._pending: Dict[str, List[tuple]] = {}       # flat row tuples, see :mod:`.rows`
         self._seen: Dict[int, Seen] = {}
         self.buffers = HostBuffers(lambda: writer.budget - writer.held)
+        #: tensors written from their own memory inside a graph's hold window (no copy-out)
+        self.holds = Holds(self.buffers)
         self._csv: Dict[str, StatisticCsv] = {}
         self._csv_lock = threading.Lock()
         self._kernel_args_done: set = set()
@@ -72,7 +83,7 @@ class Recorder:
 
     # ------------------------------------------------------------------ tensors
     def record_all(self, folder: str, op: OpInfo, io: str, tensors: Sequence[Optional[torch.Tensor]],
-                   files: bool = True) -> None:
+                   files: bool = True, hold: Optional[list] = None) -> None:
         """Dump the input (or output) tensors of ``op`` into ``folder`` (an iteration folder),
         each at its slot (None, or anything not a tensor: nothing at that slot).
 
@@ -80,6 +91,8 @@ class Recorder:
         under one lock and one clock read per operator side (consecutive timestamps); for
         CPU tensors, rows and lookups are made by the native row sink in one call.
         Otherwise each tensor also gets its copy, file and host statistics (:meth:`_record`).
+        ``hold``: the caller's open hold window (:mod:`.held`), where a file may be written
+        from the tensor's own memory instead of a copy.
         """
         if self.folder_filter is not None:
             only = self.folder_filter.get(folder)
@@ -96,7 +109,7 @@ class Recorder:
                 self.online.make_room(io, tensors)
             for slot, t in enumerate(tensors):
                 if isinstance(t, torch.Tensor) and not self._unsupported(t):
-                    self._record(folder, op.op_type, op.full_name, io, slot, t, op=op, files=files)
+                    self._record(folder, op.op_type, op.full_name, io, slot, t, op=op, files=files, hold=hold)
             return
         op_type, name = op.op_type, op.full_name
         ts = self.clock(len(tensors))
@@ -120,7 +133,8 @@ class Recorder:
                 recorded += 1
         self.tensors_recorded += recorded
 
-    def record_parameters(self, folder: str, items: Sequence[Tuple[str, torch.Tensor]]) -> None:
+    def record_parameters(self, folder: str, items: Sequence[Tuple[str, torch.Tensor]],
+                          hold: Optional[list] = None) -> None:
         """Dump parameters/buffers/constants, ``(name, tensor)`` each, into ``folder``
         (``Parameter.<name>`` files / rows); device statistics of CPU tensors take the
         native row sink, under one lock and one clock read.  Under a ``kernels`` filter
@@ -155,7 +169,7 @@ class Recorder:
             if isinstance(tensor, torch.Tensor) and not self._unsupported(tensor):
                 if self.online is not None:     # held copies within the budget, parameter by parameter
                     self.online.make_room("input", (tensor,))
-                self._record(folder, PARAMETER_TYPE, name, "output", 0, tensor, parameter=True)
+                self._record(folder, PARAMETER_TYPE, name, "output", 0, tensor, parameter=True, hold=hold)
 
     def _native_sink(self):
         """The native row sink of the device-statistics fast path (resolved once), or None."""
@@ -174,10 +188,11 @@ class Recorder:
             rows = self._pending[folder] = []
         return rows
 
-    def _record(self, folder, op_type, op_name, io, slot, tensor, parameter=False, op=None, files=True) -> None:
+    def _record(self, folder, op_type, op_name, io, slot, tensor, parameter=False, op=None, files=True,
+                hold=None) -> None:
         """``op``: the operator (its file-name stem; parameters have their own name form);
         ``files`` False: statistics only, whatever ``saved_data`` says (compare_compiled saves
-        tensors of diverging kernels only)."""
+        tensors of diverging kernels only); ``hold``: an open hold window (:mod:`.held`)."""
         cfg = self.config
         self.tensors_recorded += 1
         if self.online is not None:      # a held copy, written only if its operator diverges
@@ -205,6 +220,8 @@ class Recorder:
             buf_new = copy is None or not copy.acquire()
             if not buf_new:              # the same tensor again (an op's input = an earlier op's output)
                 event, fmt = seen.event, seen.fmt
+            elif hold is not None and want_file and not host_needed and not sample_copy and _holdable(tensor):
+                copy, event, fmt = self.holds.hold(hold, tensor), None, "DefaultFormat"   # no copy-out
             else:
                 try:
                     copy, event, fmt = copy_out(tensor, cfg.trans_flag, self.buffers, sample_copy)
@@ -299,6 +316,13 @@ class Recorder:
         ``cut`` > 0: the file holds only its first ``cut`` elements (sample dump, statistics
         still on the whole copy)."""
         try:
+            if type(copy) is HeldCopy:     # written from the tensor's own memory (host statistics: never held)
+                if name is not None:
+                    written = self.holds.write(self.session.layout, self.session.layout.place(folder, name),
+                                               copy, to_numpy)
+                    if written:
+                        self.writer.count(written)
+                return None
             buf = copy.tensor
             if event is not None:
                 event.synchronize()
@@ -314,7 +338,7 @@ class Recorder:
                 return self.stats.host_cells(buf)
             return None
         finally:
-            del buf
+            buf = None
             copy.release()
 
     def close(self) -> None:

@@ -10,6 +10,8 @@ copy do not keep the tensor object alive.  The pool keeps at most ``cap_bytes`` 
 free buffers, where ``cap_bytes`` is a number or a function giving the room left
 (the recorder passes "the writer's budget minus the bytes it holds", so copies in
 flight and free buffers together stay within the one budget).
+:attr:`HostBuffers.copies` / :attr:`HostBuffers.copied_bytes` count the copies made (what
+the no-copy tensor dump of :mod:`opdump.recorder.held` saves is visible there).
 """
 from __future__ import annotations
 
@@ -72,10 +74,14 @@ class HostBuffers:
         self._free: "OrderedDict[int, List[torch.Tensor]]" = OrderedDict()
         self._free_bytes = 0
         self._lock = threading.Lock()
+        self.copies = 0            # copies made by copy_of (training thread)
+        self.copied_bytes = 0
 
     def copy_of(self, t: torch.Tensor) -> HostCopy:
         """An exact contiguous copy of CPU tensor ``t`` (one reference held by the caller)."""
         nbytes = t.numel() * t.element_size()
+        self.copies += 1
+        self.copied_bytes += nbytes
         if nbytes < _SMALL:
             return HostCopy(t.clone(memory_format=torch.contiguous_format), None, None)
         raw = None
