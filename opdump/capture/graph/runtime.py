@@ -43,10 +43,25 @@ class GraphRuntime:
         self.constants: List[Tuple[str, torch.Tensor]] = list(constants)   # written at the first dumped call
         self.folder: Optional[str] = None    # set while a dumped call runs
         self.kernel_args = session.config.save_kernel_args
+        # a call of a graph whose operators write nothing but fresh outputs is a hold window:
+        # tensor files written from the tensors' own memory (opdump/recorder/held.py)
+        self.holding = session.config.graph_dump != "kernels" and not any(op.mutates for op in self.ops)
+        self._window: Optional[list] = None  # the open hold window of the call in progress
+
+    def _close_window(self) -> None:
+        """End of the hold window: held tensors copied unless private (opdump/recorder/held.py)."""
+        window, self._window = self._window, None
+        if window:
+            self.recorder.holds.close(window)
 
     def detach(self) -> None:
         """Stop recording for good and drop every reference to the session (close or failure)."""
         self.folder = None
+        if self._window:
+            try:
+                self._close_window()
+            except Exception:  # noqa: BLE001 - the dump must never break the step
+                pass
         self.session = self.recorder = None
         self.constants = []
 
@@ -64,12 +79,16 @@ class GraphRuntime:
                 return
             folder = session.iteration_dir(self.graph_id)
             recorder = self.recorder
+            if self.holding:
+                self._close_window()             # a call that never reached its end (it raised)
+                self._window = recorder.holds.open()
             if self.constants:
                 constants, self.constants = self.constants, []
-                recorder.record_parameters(session.layout.constants_dir(self.graph_id), constants)
+                recorder.record_parameters(session.layout.constants_dir(self.graph_id), constants, self._window)
             if self.params:
                 recorder.record_parameters(folder, [(name, placeholders[position]) for position, name in self.params
-                                                    if isinstance(placeholders[position], torch.Tensor)])
+                                                    if isinstance(placeholders[position], torch.Tensor)],
+                                          self._window)
             if self.kernel_args:
                 for op in self.ops:
                     if op.selected:
@@ -84,6 +103,7 @@ class GraphRuntime:
             return
         self.folder = None
         try:
+            self._close_window()
             self.recorder.flush_statistics()
         except Exception as exc:  # noqa: BLE001
             self._failed(exc, "the end of a dumped call")
@@ -94,7 +114,7 @@ class GraphRuntime:
             return
         try:
             faults.check("tap")
-            self.recorder.record_all(folder, self.ops[index], "input", tensors, files)
+            self.recorder.record_all(folder, self.ops[index], "input", tensors, files, self._window)
         except Exception as exc:  # noqa: BLE001
             self._failed(exc, f"the inputs of {self.ops[index].full_name}")
 
@@ -118,7 +138,7 @@ class GraphRuntime:
                 for t in leaves:
                     if isinstance(t, torch.Tensor):
                         recorder.forget(t)
-            recorder.record_all(folder, op, "output", leaves, files)
+            recorder.record_all(folder, op, "output", leaves, files, self._window)
         except Exception as exc:  # noqa: BLE001
             self._failed(exc, f"the outputs of {op.full_name}")
 
