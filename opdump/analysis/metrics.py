@@ -145,22 +145,28 @@ class _Accumulator:
         self.n += k
 
     def result(self) -> Dict[str, Any]:
-        n, na2, nb2 = self.n, self.na2, self.nb2
-        if na2 == 0.0 and nb2 == 0.0:
-            cos = 1.0 if n else float("nan")
-        elif na2 == 0.0 or nb2 == 0.0:
-            cos = float("nan")
-        else:
-            cos = self.dot / math.sqrt(na2 * nb2)
-            cos = max(-1.0, min(1.0, cos))
-        return {
-            "n": n, "cosine": cos, "max_abs_err": self.max_abs if n else float("nan"),
-            "max_rel_err": self.max_rel if n else float("nan"),
-            "rmse": math.sqrt(self.ssq / n) if n else float("nan"), "euclidean": math.sqrt(self.ssq),
-            "mean_abs_err": self.sabs / n if n else float("nan"),
-            "within_1e-3": self.w1 / n if n else float("nan"), "within_5e-3": self.w5 / n if n else float("nan"),
-            "max_abs_ref": self.max_ref, "nonfinite_mismatch": self.mism,
-        }
+        return metrics_dict(self.n, self.dot, self.na2, self.nb2, self.ssq, self.sabs, self.max_abs, self.max_rel,
+                            self.max_ref, self.w1, self.w5, self.mism)
+
+
+def metrics_dict(n: int, dot: float, na2: float, nb2: float, ssq: float, sabs: float, max_abs: float,
+                 max_rel: float, max_ref: float, w1: int, w5: int, mism: int) -> Dict[str, Any]:
+    """The metrics from the sums and extremes of the pass (the one place they are derived)."""
+    if na2 == 0.0 and nb2 == 0.0:
+        cos = 1.0 if n else float("nan")
+    elif na2 == 0.0 or nb2 == 0.0:
+        cos = float("nan")
+    else:
+        cos = dot / math.sqrt(na2 * nb2)
+        cos = max(-1.0, min(1.0, cos))
+    return {
+        "n": n, "cosine": cos, "max_abs_err": max_abs if n else float("nan"),
+        "max_rel_err": max_rel if n else float("nan"),
+        "rmse": math.sqrt(ssq / n) if n else float("nan"), "euclidean": math.sqrt(ssq),
+        "mean_abs_err": sabs / n if n else float("nan"),
+        "within_1e-3": w1 / n if n else float("nan"), "within_5e-3": w5 / n if n else float("nan"),
+        "max_abs_ref": max_ref, "nonfinite_mismatch": mism,
+    }
 
 
 def _identical_result(n: int, max_ref: float) -> Dict[str, Any]:

@@ -3,7 +3,9 @@ a pool of worker processes sized to the CPUs this process may use.
 
 * **largest pairs first**: tasks are sorted by bytes, so a multi-GB pair does not start
   last and leave the other workers idle at the end; small pairs follow in batches (one
-  round trip for up to 64 pairs or 32 MB);
+  round trip for up to 64 pairs or 32 MB); pairs of at most one metric chunk go in batches
+  of up to 2,048 pairs / 4 MB, compared together by :mod:`opdump.analysis.metrics_batch`
+  (one read per file into a shared buffer, element-wise work once per batch);
 * the workers start once (fork where safe), stream their files themselves and send back
   only the metrics dict: no array is pickled, no process starts per pair;
 * each worker's numpy BLAS runs on one thread (:func:`opdump.analysis.blas.single_thread_blas`):
@@ -13,6 +15,7 @@ a pool of worker processes sized to the CPUs this process may use.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -20,7 +23,8 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from ..common import progress_bar
 from ..blas import set_blas_threads
-from ..metrics import _batch, _task
+from ..metrics import _task
+from ..metrics_batch import batch_metrics, batchable
 
 __all__ = ["run_pairs", "default_workers"]
 
@@ -59,6 +63,19 @@ def _worker_init() -> None:
     set_blas_threads(1)
 
 
+#: batches of small pairs (at most one metric chunk each, :func:`.metrics_batch.batchable`)
+SMALL_BATCH_BYTES = 4 << 20
+SMALL_BATCH_COUNT = 2048
+
+
+def _split(tasks: List[Task]) -> Tuple[List[Task], List[Task]]:
+    """(pairs compared one by one, pairs compared in batches), order kept."""
+    one, many = [], []
+    for t in tasks:
+        (many if len(t) > 5 and batchable(t[4], t[5]) else one).append(t)
+    return one, many
+
+
 def _batches(tasks: List[Task], max_bytes: int = 32 << 20, max_count: int = 64) -> Iterator[List[Task]]:
     cur: List[Task] = []
     size = 0
@@ -82,18 +99,26 @@ def run_pairs(tasks: List[Task], workers: int, parallel_min: int, progress: bool
     tasks = sorted(tasks, key=lambda t: -t[3])
     total = sum(t[3] for t in tasks)
     parallel = workers > 1 and (len(tasks) >= parallel_min or (len(tasks) >= 2 and total >= PARALLEL_MIN_BYTES))
+    one, many = _split(tasks)
     if not parallel:
-        for t in tasks:
+        for t in one:
             idx, m = _task(t)
             results[idx] = m
             if bar is not None:
                 bar.update(1)
+        for b in _batches(many, SMALL_BATCH_BYTES, SMALL_BATCH_COUNT):
+            for idx, m in batch_metrics(b):
+                results[idx] = m
+            if bar is not None:
+                bar.update(len(b))
     else:
         inflight_cap = max_inflight or workers * 2
-        per_batch = max(1, min(64, len(tasks) // (workers * 4) or 1))
+        per_batch = max(1, min(64, len(one) // (workers * 4) or 1))
+        small = max(1, min(SMALL_BATCH_COUNT, len(many) // (workers * 4) or 1))
         with ProcessPoolExecutor(max_workers=workers, mp_context=_mp_context(), initializer=_worker_init) as ex:
             pending = set()
-            it = _batches(tasks, max_count=per_batch)
+            it = itertools.chain(_batches(one, max_count=per_batch),
+                                 _batches(many, SMALL_BATCH_BYTES, small))
             exhausted = False
             while True:
                 while not exhausted and len(pending) < inflight_cap:
@@ -102,7 +127,7 @@ def run_pairs(tasks: List[Task], workers: int, parallel_min: int, progress: bool
                     except StopIteration:
                         exhausted = True
                         break
-                    f = ex.submit(_batch, b)
+                    f = ex.submit(batch_metrics, b)
                     f.tasks = b  # type: ignore[attr-defined]
                     pending.add(f)
                 if not pending:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -142,3 +142,60 @@ def load_checked(path: str) -> np.ndarray:
     npy_layout(path)
     big = os.path.getsize(path) >= MMAP_MIN_BYTES
     return load_array(path, mmap=big)
+
+
+_WILLNEED = getattr(os, "POSIX_FADV_WILLNEED", None)
+
+
+def read_regions(jobs: List[Tuple[str, Layout, memoryview]]) -> List[Optional[Exception]]:
+    """Read the data region of each ``(path, layout, target)`` into ``target`` (a writable
+    byte view of exactly the region's size): one ``preadv`` per file into memory the caller
+    reuses, no allocation per file.  Every file is opened and announced to the kernel
+    (``posix_fadvise(WILLNEED)``) before the first is read, so on a cold cache the reads of
+    a whole batch of small files are queued at once instead of one after the other.
+
+    Returns, per job, None or the exception that file gives (never raises for one file):
+    ``OSError`` from opening/reading, or the ``ValueError`` of :func:`truncated` when the
+    file is shorter than its header says (its size is checked again: it may have changed
+    since the header was read)."""
+    errs: List[Optional[Exception]] = [None] * len(jobs)
+    fds: List[int] = []
+    for i, (path, layout, view) in enumerate(jobs):
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as e:
+            errs[i] = e
+            fds.append(-1)
+            continue
+        fds.append(fd)
+        if _WILLNEED is not None and view.nbytes:
+            try:
+                os.posix_fadvise(fd, layout[2], view.nbytes, _WILLNEED)
+            except OSError:        # pragma: no cover - advice only
+                pass
+    try:
+        for i, (path, layout, view) in enumerate(jobs):
+            fd = fds[i]
+            if fd < 0:
+                continue
+            try:
+                need, got = view.nbytes, 0
+                while got < need:
+                    r = os.preadv(fd, [view[got:]], layout[2] + got)
+                    if r <= 0:
+                        break
+                    got += r
+                if got < need:
+                    shape, dtype, offset = layout[0], layout[1], layout[2]
+                    size = os.fstat(fd).st_size
+                    if size < offset + need:
+                        errs[i] = truncated(offset + need, size, shape, dtype)
+                    else:
+                        errs[i] = ValueError(f"truncated or corrupt: {got} of {need} data bytes could be read")
+            except OSError as e:
+                errs[i] = e
+    finally:
+        for fd in fds:
+            if fd >= 0:
+                os.close(fd)
+    return errs
