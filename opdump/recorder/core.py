@@ -220,8 +220,9 @@ class Recorder:
             buf_new = copy is None or not copy.acquire()
             if not buf_new:              # the same tensor again (an op's input = an earlier op's output)
                 event, fmt = seen.event, seen.fmt
-            elif hold is not None and want_file and not host_needed and not sample_copy and _holdable(tensor):
-                copy, event, fmt = self.holds.hold(hold, tensor), None, "DefaultFormat"   # no copy-out
+            elif (hold is not None and want_file and not host_needed and not sample_copy and _holdable(tensor)
+                  and (copy := self.holds.hold(hold, tensor)) is not None):
+                event, fmt = None, "DefaultFormat"          # no copy-out: the writer reads the tensor
             else:
                 try:
                     copy, event, fmt = copy_out(tensor, cfg.trans_flag, self.buffers, sample_copy)

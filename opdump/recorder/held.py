@@ -88,6 +88,17 @@ class HeldCopy:
         return _use_count(storage._cdata) <= 2 and storage.resizable() and not storage.is_shared()
 
 
+class Window:
+    """The tensors held during one graph call; once closed it takes no more (a recording
+    that still finds it gets the copy path)."""
+
+    __slots__ = ("entries", "closed")
+
+    def __init__(self):
+        self.entries: List[HeldCopy] = []
+        self.closed = False
+
+
 class Holds:
     """The held tensors of the open windows, the securing at their end, and the counters
     (``held``: tensors held at record time; ``secured``: copied when their window closed;
@@ -100,24 +111,30 @@ class Holds:
         self._warned = False
 
     # ------------------------------------------------------------------ training thread
-    def open(self) -> List[HeldCopy]:
-        """A new window: the list the caller passes to :meth:`hold` and :meth:`close`."""
-        return []
+    def open(self) -> Window:
+        """A new window, to pass to :meth:`hold` and :meth:`close`."""
+        return Window()
 
-    def hold(self, window: List[HeldCopy], tensor: torch.Tensor) -> HeldCopy:
-        entry = HeldCopy(self, tensor)
-        window.append(entry)
+    def hold(self, window: Window, tensor: torch.Tensor) -> Optional[HeldCopy]:
+        """``tensor`` held in ``window``; None when the window is already closed (copy it)."""
+        with self._cond:
+            if window.closed:
+                return None
+            entry = HeldCopy(self, tensor)
+            window.entries.append(entry)
         self.held += 1
         return entry
 
-    def close(self, window: Optional[List[HeldCopy]]) -> None:
+    def close(self, window: Optional[Window]) -> None:
         """The window ends: each held tensor not yet written is kept if private, else copied
         (after any write reading it has finished)."""
-        if not window:
+        if window is None:
             return
-        for entry in window:
+        with self._cond:
+            window.closed = True
+            entries, window.entries = window.entries, []
+        for entry in entries:
             self.secure(entry, keep_private=True)
-        window.clear()
 
     def secure(self, entry: HeldCopy, keep_private: bool = False) -> None:
         with self._cond:
@@ -129,9 +146,11 @@ class Holds:
                 self.kept += 1
                 return
             # copied under the lock: a job starting meanwhile waits, then reads the copy
-            entry.copy = self.buffers.copy_of(entry.held)
-            entry.held = None
-            self.secured += 1
+            try:
+                entry.copy = self.buffers.copy_of(entry.held)
+                self.secured += 1
+            finally:
+                entry.held = None          # no copy (out of memory): its files are dropped, never wrong
 
     # ------------------------------------------------------------------ writer thread
     def write(self, layout, path: str, entry: HeldCopy, to_numpy) -> int:
@@ -143,7 +162,7 @@ class Holds:
             if copy is None:
                 entry._readers += 1
         try:
-            if copy is None and tensor._version != entry.version:
+            if tensor is None or (copy is None and tensor._version != entry.version):
                 raise StaleTensor()
             array = to_numpy(tensor)
             check = None if copy is not None else (lambda: tensor._version == entry.version)
