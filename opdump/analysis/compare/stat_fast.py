@@ -81,11 +81,6 @@ def _side(dump, rank, io, include_parameters):
     return rec.reset_index(drop=True)
 
 
-def _shape_of(text: Any):
-    from .run import _shape_from_text            # run imports this module
-    return _shape_from_text(text)
-
-
 def statistics_compare(da, db, rank_pairs, iterations, io, include_parameters, thresholds, check_samples,
                        iteration_pairs, sources) -> Optional[Any]:
     """The :class:`.result.CompareResult` of a statistics-only compare built column-wise, or
@@ -199,14 +194,21 @@ def _tie_breaks(sa, sb, blocks, ai, bi, rules, dclass) -> bool:
             call_order.append(key)
         else:
             lst.append(k)
-    scopes: Dict[tuple, Dict[tuple, List[tuple]]] = {}
+    from .run import _shape_from_text
+    head: Dict[tuple, tuple] = {}                # call -> (scope, base type); ties need two of one
+    count: Dict[tuple, int] = {}
     for key in call_order:
         first = ai_l[where[key][0]]
         op = ops[first]
-        scope = op.rsplit("/", 1)[0] if "/" in op else ""
-        base = _base_type(types[first])
+        h = head[key] = (key[0], op.rsplit("/", 1)[0] if "/" in op else "", _base_type(types[first]))
+        count[h] = count.get(h, 0) + 1
+    scopes: Dict[tuple, Dict[tuple, List[tuple]]] = {}
+    for key in call_order:
+        blk, scope, base = head[key]
+        if count[(blk, scope, base)] < 2:
+            continue                             # its signature occurs once in its scope: no tie
         cut = EXTRA_OUTPUTS.get(base)
-        sig = [(iob[ai_l[k]], int(slots[ai_l[k]]), _shape_of(shapes[ai_l[k]]), dclass[ai_l[k]])
+        sig = [(iob[ai_l[k]], int(slots[ai_l[k]]), _shape_from_text(shapes[ai_l[k]]), dclass[ai_l[k]])
                for k in where[key]
                if not (cut is not None and iob[ai_l[k]] == "output" and int(slots[ai_l[k]]) >= cut)]
         sig = (canonical_type(base),) + tuple(sorted(sig, key=lambda s: (s[0], s[1])))

@@ -69,13 +69,12 @@ class StatPairs:
                                                  "negative_inf_count", "md5")}}
         has_any: List[bool] = []
         for s, ((sa, sb), (ai, bi, rules)) in enumerate(zip(sides, parts)):
-            ai_l, bi_l = ai.tolist(), bi.tolist()
+            ai_l, bi_l = ai, bi
 
             def take(frame, col, rows):
                 if col not in frame.columns:
                     return [None] * len(rows)
-                v = frame[col].tolist()
-                return [v[i] for i in rows]
+                return frame[col].to_numpy(dtype=object)[rows].tolist()
 
             def its(frame, rows):
                 v = frame["iteration"].astype(object).tolist()
@@ -94,8 +93,8 @@ class StatPairs:
             c["shape_a"] += _shape_texts(take(sa, "shape", ai_l))
             c["shape_b"] += _shape_texts(take(sb, "shape", bi_l))
             c["side"] += [s] * len(ai_l)
-            c["row_a"] += ai_l
-            c["row_b"] += bi_l
+            c["row_a"] += ai_l.tolist()
+            c["row_b"] += bi_l.tolist()
             for k in stat["a"]:
                 stat["a"][k] += take(sa, k, ai_l)
                 stat["b"][k] += take(sb, k, bi_l)
@@ -131,8 +130,12 @@ class StatPairs:
             verdict, reason, mode, metrics, identical, same)
         # table order: Pair.sort_key (every pair has its A side)
         it_key = np.asarray([1 << 60 if x is None else x for x in c["iteration"]], dtype=np.int64)
-        order = np.lexsort((np.asarray(c["order"], np.int64), np.asarray(c["rank"], np.int64), it_key)).tolist()
-        self.cols = {k: [v[i] for i in order] for k, v in c.items()}
+        order = np.lexsort((np.asarray(c["order"], np.int64), np.asarray(c["rank"], np.int64), it_key))
+        self.cols = {}
+        for k, v in c.items():
+            arr = np.empty(n, dtype=object)
+            arr[:] = v
+            self.cols[k] = arr[order].tolist()
         self.sides = sides
         return self
 
