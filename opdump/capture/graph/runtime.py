@@ -46,18 +46,18 @@ class GraphRuntime:
         # a call of a graph whose operators write nothing but fresh outputs is a hold window:
         # tensor files written from the tensors' own memory (opdump/recorder/held.py)
         self.holding = session.config.graph_dump != "kernels" and not any(op.mutates for op in self.ops)
-        self._window: Optional[list] = None  # the open hold window of the call in progress
+        self._window = None                  # the open hold window (recorder/held.Window) of the call in progress
 
     def _close_window(self) -> None:
         """End of the hold window: held tensors copied unless private (opdump/recorder/held.py)."""
         window, self._window = self._window, None
-        if window:
+        if window is not None:
             self.recorder.holds.close(window)
 
     def detach(self) -> None:
         """Stop recording for good and drop every reference to the session (close or failure)."""
         self.folder = None
-        if self._window:
+        if self._window is not None:
             try:
                 self._close_window()
             except Exception:  # noqa: BLE001 - the dump must never break the step
