@@ -85,6 +85,20 @@ def _mark(exc: BaseException) -> None:
         _dumped.append(_key(exc))
 
 
+# Exceptions raised by an operator of the user's program on a graph dump path (marked by
+# :func:`guard`, in every mode): the graph dispatcher lets them propagate as the user's own
+# instead of treating them as a failure of the dump (README, "Graph mode").
+_raised: Deque[Tuple[int, type, tuple]] = collections.deque(maxlen=32)
+
+
+def raised_by_operator(exc: BaseException) -> bool:
+    """Did ``exc`` leave an operator node of a dump-path graph (the operator call itself, not
+    a tap and not the graph's machinery)?"""
+    key = _key(exc)
+    with _dumped_lock:
+        return key in _raised
+
+
 def _warn(message: str, src=None) -> None:
     """A warning (at the user's line ``src`` when known) that cannot raise (``-W error`` makes
     ``warnings.warn`` raise)."""
@@ -262,20 +276,26 @@ def _stride(t: torch.Tensor) -> Optional[List[int]]:
 def guard_operators(gm, runtime, nodes: Sequence) -> None:
     """Point each operator node of ``gm`` (``nodes``, aligned with ``runtime.ops``) at a guard
     (:func:`guard`) and recompile: the graph computes the same values, by FX codegen, and an
-    operator that raises is dumped.  No other node is added (no taps: nothing is recorded
-    unless an operator raises).  ``uninstrument`` puts the targets back (``opdump_target``)."""
+    operator that raises is marked as the user's error (:func:`raised_by_operator`) and, with
+    the exception dump on, dumped.  No other node is added.  Every dump-path graph is guarded
+    (after its taps are in: the taps stay outside the guards); ``uninstrument`` puts the
+    targets back (``opdump_target``)."""
     for node, op in zip(nodes, runtime.ops):
         target = node.target
         overload = target if isinstance(target, torch._ops.OpOverload) else \
             getattr(getattr(torch.ops.aten, op.op_type), op.overload)    # a stand-in (a tolerant view)
         node.target = guard(runtime, op.index, target, overload)
+    for node in gm.graph.nodes:     # higher-order operators (a mutating custom op's auto_functionalized):
+        if node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator):
+            node.target = guard(None, -1, node.target, None)       # marked, never dumped (no OpInfo)
     gm.graph.lint()
     gm.recompile()
 
 
 def guard(runtime, index: int, target, op_overload):
     """The callable an operator node runs instead of ``target``: ``target`` itself, and on an
-    exception the session's exception dump, then the same exception re-raised.
+    exception a mark (:func:`raised_by_operator`), the session's exception dump when there is
+    one, then the same exception re-raised.
     ``op_overload`` is the ATen overload the repro script calls (``target`` may be a
     stand-in, e.g. the view that tolerates real strides)."""
 
@@ -283,7 +303,9 @@ def guard(runtime, index: int, target, op_overload):
         try:
             return target(*args, **kwargs)
         except Exception as exc:
-            session = runtime.session           # None once the session closed (detached runtime)
+            with _dumped_lock:
+                _raised.append(_key(exc))
+            session = getattr(runtime, "session", None)   # None once the session closed (detached runtime)
             dump = getattr(session, "exception_dump", None)
             if dump is not None:
                 op = runtime.ops[index]

@@ -14,12 +14,23 @@ iterations run at the real backend's speed.  A backward pass follows its
 forward: it is instrumented exactly when its forward ran on the dump path.
 
 Guarantees (README, "Graph mode"): nothing that goes wrong on the dump side
-reaches the user's compile or step.  Any exception while building the dump path
-or running it gives ONE warning naming the graph (:meth:`GraphCapture.fail`);
+reaches the user's compile or step, and the user's own errors reach the user
+unchanged.  An exception an operator of the user's program raises in a dumped
+call (an index out of range, a shape mismatch, ``torch._assert``, a custom op's
+error) propagates as it is: no warning, no second run, and later iterations
+dump as before (the rule is :func:`.errors.users_error`).  Any other exception
+while building the dump path or running it — opdump's own, or a limit of the
+operator-by-operator path (out of memory, a kernel eager lacks) — gives ONE
+warning naming the graph (:meth:`GraphCapture.fail`);
 the graph then runs on the real backend (a failure at compile time compiles it
 then; after a failure at run time with no real path compiled, as with
 ``iteration: "all"``, Dynamo's graph runs eagerly); a backward compiled after the failure runs uninstrumented; a tap that
-fails leaves the current call's values unchanged.  Errors of the user's real
+fails leaves the current call's values unchanged.  A call that failed at run time
+runs again, whole, on that path, from the same inputs: AOTAutograd applies a
+graph's input mutations (buffers and inputs updated in place) only after its last
+operator, so a failure inside the graph left none of them applied; what the
+failed run did outside tensors stays done (random draws advanced the generator,
+a custom op's own side effects happened) and happens again.  Errors of the user's real
 backend are the user's own and propagate as they would without opdump, and so
 do the exceptions Dynamo raises through a backend on purpose (restart, skip).
 When the session closes, the capture drops its reference to it: the compiled
@@ -37,8 +48,9 @@ import torch
 import torch.fx as fx
 from torch._dynamo.exc import RestartAnalysis, SkipFrame
 
-from ...debug.exception import compiled_call_failed, guard_operators, was_dumped
+from ...debug.exception import compiled_call_failed, guard_operators
 from . import faults
+from .errors import users_error
 from .frames import frame_key, root_class
 from .inputs import input_names, lifted_constants, param_positions
 from .instrument import instrument, uninstrument
@@ -152,14 +164,15 @@ class GraphCapture:
             if session.exception_dump is None:        # exception dump: nothing written unless one raises
                 write_graph_files(session.layout, gm, graph_id, kind, ops, params)
             tolerate_real_strides(gm)
+            nodes = [n for n, _ in pairs]
             if session.config.op_debug_mode == 3:     # overflow-only dump: every operator to the watch
                 from ...debug.overflow_graph import instrument_overflow, session_watch
-                instrument_overflow(gm, runtime, [n for n, _ in pairs], session_watch(session))
-            elif session.exception_dump is not None:  # exception dump: every operator inside try
-                guard_operators(gm, runtime, [n for n, _ in pairs])
-            else:
-                instrument(gm, runtime, [n for n, _ in pairs], session.config.dump_inputs,
-                           session.config.dump_outputs)
+                instrument_overflow(gm, runtime, nodes, session_watch(session))
+            elif session.exception_dump is None:      # (exception dump: no taps, the guards do it)
+                instrument(gm, runtime, nodes, session.config.dump_inputs, session.config.dump_outputs)
+            # every mode: each operator inside try, so that its exception is known as the
+            # user's (errors.users_error); with the exception dump on, the guard dumps it
+            guard_operators(gm, runtime, nodes)
             faults.check(f"compile:{kind}")
         except _DYNAMO_CONTROL:
             raise
@@ -182,9 +195,9 @@ class GraphCapture:
                     try:
                         faults.check("dumped call")
                         return dump_fn(*args)
-                    except Exception as exc:  # noqa: BLE001 - run again on the fallback path below
-                        if was_dumped(exc):
-                            raise                 # an operator raised (op_debug_mode 4): the user's error
+                    except Exception as exc:  # noqa: BLE001 - the dump's failure: run again below
+                        if users_error(exc):
+                            raise                 # an operator of the user's program raised: theirs
                         capture.fail(exc, "a dumped call")
                 session.note_graph_ran(fid)
                 if session.exception_dump is not None:
