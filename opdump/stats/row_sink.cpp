@@ -24,7 +24,10 @@
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <chrono>
 #include <stdexcept>
+#include <utility>
+#include <vector>
 #include <string>
 
 namespace {
@@ -104,6 +107,282 @@ class RowSink {
   py::object parameter_type_;
 };
 
+
+// The taps of one dumped ATen graph (opdump/capture/graph/native_taps.py), called by the graph's
+// generated code with no Python frame in between: an operator's statistic.csv rows and its
+// tensors' statistics, made in one call.
+//
+// Why: the Python taps cost ~10 us per operator side around this very work (a bound method,
+// the fault check, record_all's checks, the clock, the lock, the row sink's wrapper).
+//
+// Guarantees (tests/test_graph_native_taps.py, against the Python taps):
+// * the rows are those Recorder.record_all's fast path appends, with the same handles: they go
+//   to the recorder's `_pending[folder]` list under the recorder's `_lock`, each tensor read
+//   now is appended to the batch's entry and dtype lists (its handle: its index there), and
+//   the timestamps come from the recorder's Clock (its `_last`, under its lock): inputs at
+//   ts, ts + 1…, then outputs; `both` records an operator's inputs then its outputs, taken
+//   after it ran (used only for operators that write none of their arguments);
+// * closed (no dumped call in progress, or released): a tap returns at once; opened in Python
+//   mode, or for any call it does not take (an element that is not a CPU strided torch.Tensor
+//   or Parameter the memo reads, an output that is not a tensor or a tuple/list of tensors and
+//   Nones, a fault armed at stage "tap"), the runtime's Python taps record the call;
+// * nothing is raised: an error calls the runtime's `_failed(exc, where)` (one warning, the
+//   graph goes on) and closes the taps; even that call's errors are dropped.
+class GraphTaps {
+ public:
+  GraphTaps(py::object memo, py::list entries, py::list dtypes, py::object parameter_type, py::list names,
+            py::object armed, py::object runtime_ref)
+      : memo_obj_(std::move(memo)), memo_(memo_obj_.cast<opdump::StatsMemo*>()), entries_(std::move(entries)),
+        dtypes_(std::move(dtypes)), param_(std::move(parameter_type)), armed_(std::move(armed)),
+        runtime_(std::move(runtime_ref)), tap_("tap"), input_("input"), output_("output"), zero_(0) {
+    for (auto item : names) {        // (op_type, full name) per operator index
+      py::tuple pair = item.cast<py::tuple>();
+      op_types_.push_back(py::reinterpret_borrow<py::object>(pair[0]));
+      op_names_.push_back(py::reinterpret_borrow<py::object>(pair[1]));
+    }
+    shapes_.resize(op_names_.size() * 2);
+  }
+
+  // A dumped call starts: rows go to recorder._pending[folder]; `native` false: every tap
+  // hands its call to the runtime's Python taps.
+  void open(py::object recorder, py::object folder, bool native) {
+    if (!memo_) return;             // released
+    recorder_ = recorder;
+    folder_ = std::move(folder);
+    py::object lock = recorder.attr("_lock");
+    acquire_ = lock.attr("acquire");
+    release_ = lock.attr("release");
+    clock_ = recorder.attr("clock");
+    py::object clock_lock = clock_.attr("_lock");
+    clock_acquire_ = clock_lock.attr("acquire");
+    clock_release_ = clock_lock.attr("release");
+    state_ = native ? kNative : kPython;
+  }
+
+  // The call ends: taps return at once until the next open; gives the tensors recorded since open.
+  int64_t close() {
+    state_ = kClosed;
+    recorder_ = folder_ = acquire_ = release_ = clock_ = clock_acquire_ = clock_release_ = py::object();
+    const int64_t n = count_;
+    count_ = 0;
+    return n;
+  }
+
+  // For good (the session closed or the graph failed): every reference to Python objects dropped.
+  void release() {
+    close();
+    memo_ = nullptr;
+    memo_obj_ = entries_ = dtypes_ = runtime_ = py::object();
+  }
+
+  void inputs(int64_t index, py::args tensors) {
+    if (state_ == kClosed) return;
+    tap(index, &PySequence_Fast_ITEMS(tensors.ptr())[0], PyTuple_GET_SIZE(tensors.ptr()), nullptr, tensors.ptr());
+  }
+  void outputs(int64_t index, py::object value) {
+    if (state_ == kClosed) return;
+    tap(index, nullptr, -1, value.ptr(), nullptr);
+  }
+  void both(int64_t index, py::object value, py::args tensors) {
+    if (state_ == kClosed) return;
+    tap(index, &PySequence_Fast_ITEMS(tensors.ptr())[0], PyTuple_GET_SIZE(tensors.ptr()), value.ptr(), tensors.ptr());
+  }
+
+ private:
+  enum State { kClosed, kNative, kPython };
+  struct Call {
+    py::object memo, entries, dtypes, recorder, folder, acquire, release, clock, clock_acquire, clock_release;
+  };
+
+  bool takes(PyObject* item) const {
+    if (item == Py_None) return true;
+    if (!THPVariable_CheckExact(item) && reinterpret_cast<PyObject*>(Py_TYPE(item)) != param_.ptr()) return false;
+    const at::Tensor& t = THPVariable_Unpack(item);
+    return t.defined() && t.layout() == at::kStrided && t.device().is_cpu() && opdump::StatsMemo::takes(t);
+  }
+
+  // nin < 0: no inputs side; value == nullptr: no outputs side.
+  void tap(int64_t index, PyObject* const* ins, Py_ssize_t nin, PyObject* value, PyObject* in_tuple) {
+    PyObject* const* outs = nullptr;
+    Py_ssize_t nout = -1;
+    bool python = state_ == kPython || index < 0 || static_cast<size_t>(index) >= op_names_.size() ||
+                  (PySet_GET_SIZE(armed_.ptr()) > 0 && PySet_Contains(armed_.ptr(), tap_.ptr()) == 1);
+    if (!python && value != nullptr) {
+      if (THPVariable_Check(value)) {
+        outs = &value;
+        nout = 1;
+      } else if (PyTuple_Check(value) || PyList_Check(value)) {
+        outs = PySequence_Fast_ITEMS(value);
+        nout = PySequence_Fast_GET_SIZE(value);
+      } else {
+        python = true;
+      }
+    }
+    for (Py_ssize_t k = 0; !python && k < nin; ++k) python = !takes(ins[k]);
+    for (Py_ssize_t k = 0; !python && k < nout; ++k) python = !takes(outs[k]);
+    if (python) {
+      to_python(index, in_tuple, value);
+      return;
+    }
+    // strong references for the call: the memo releases the GIL while it reads, and a close or
+    // release from another thread must not free what this call still uses
+    const Call c{memo_obj_, entries_, dtypes_, recorder_, folder_, acquire_, release_, clock_, clock_acquire_,
+                 clock_release_};
+    opdump::StatsMemo* memo = memo_;
+    bool locked = false;
+    try {
+      const Py_ssize_t total = (nin > 0 ? nin : 0) + (nout > 0 ? nout : 0);
+      const int64_t ts = stamp(c, total);
+      c.acquire();
+      locked = true;
+      py::object pending = c.recorder.attr("_pending");
+      PyObject* rows = PyDict_GetItemWithError(pending.ptr(), c.folder.ptr());   // borrowed
+      py::object fresh;
+      if (rows == nullptr) {
+        if (PyErr_Occurred()) throw py::error_already_set();
+        fresh = py::list();
+        if (PyDict_SetItem(pending.ptr(), c.folder.ptr(), fresh.ptr()) < 0) throw py::error_already_set();
+        rows = fresh.ptr();
+      }
+      py::object keep_rows = py::reinterpret_borrow<py::object>(rows);
+      if (nin > 0) side(c, memo, rows, index, 0, input_, ins, nin, ts);
+      if (nout > 0) side(c, memo, rows, index, 1, output_, outs, nout, ts + (nin > 0 ? nin : 0));
+      locked = false;
+      c.release();
+    } catch (py::error_already_set& e) {
+      py::object exc = e.value();
+      e.restore();
+      PyErr_Clear();
+      unlock(c, locked);
+      failed(index, exc, value != nullptr);
+    } catch (const std::exception& e) {
+      unlock(c, locked);
+      failed(index, py::reinterpret_steal<py::object>(PyObject_CallFunction(PyExc_RuntimeError, "s", e.what())),
+             value != nullptr);
+    }
+  }
+
+  // one side's rows (kind 0: inputs, 1: outputs), appended to `rows`
+  void side(const Call& c, opdump::StatsMemo* memo, PyObject* rows, int64_t index, int kind, const py::object& io,
+            PyObject* const* items, Py_ssize_t n, int64_t ts) {
+    for (Py_ssize_t k = 0; k < n; ++k) {
+      PyObject* item = items[k];
+      if (item == Py_None) continue;
+      const at::Tensor& t = THPVariable_Unpack(item);
+      PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()));
+      const int64_t entry = static_cast<int64_t>(PyList_GET_SIZE(c.entries.ptr()));
+      py::object handle = memo->stats(t, entry);
+      if (handle.is_none()) throw std::logic_error("GraphTaps: the memo declined a tensor it takes");
+      if (!PyLong_Check(handle.ptr())) {      // read now: a new entry of the batch
+        if (PyList_Append(c.entries.ptr(), handle.ptr()) < 0 || PyList_Append(c.dtypes.ptr(), dtype) < 0) {
+          throw py::error_already_set();
+        }
+        handle = py::int_(entry);
+      }
+      py::tuple row(static_cast<size_t>(kRowFields));
+      PyObject* r = row.ptr();
+      auto put = [r](int field, PyObject* v, bool borrowed) {
+        if (v == nullptr) throw py::error_already_set();
+        if (borrowed) Py_INCREF(v);
+        PyTuple_SET_ITEM(r, field, v);
+      };
+      put(kRowOpType, op_types_[index].ptr(), true);
+      put(kRowOpName, op_names_[index].ptr(), true);
+      put(kRowStream, zero_.ptr(), true);
+      put(kRowTimestamp, PyLong_FromLongLong(ts + k), false);
+      put(kRowIo, io.ptr(), true);
+      put(kRowSlot, PyLong_FromSsize_t(k), false);
+      put(kRowNbytes, PyLong_FromLongLong(t.numel() * t.element_size()), false);
+      put(kRowDtype, dtype, true);
+      put(kRowShape, shape_of(index, kind, k, t), true);
+      put(kRowHandle, handle.release().ptr(), false);
+      put(kRowHostFuture, Py_None, true);
+      if (PyList_Append(rows, r) < 0) throw py::error_already_set();
+      ++count_;
+    }
+  }
+
+  // the shape text of a slot, made again only when its sizes change
+  PyObject* shape_of(int64_t index, int kind, Py_ssize_t slot, const at::Tensor& t) {
+    auto& slots = shapes_[static_cast<size_t>(index) * 2 + kind];
+    if (static_cast<size_t>(slot) >= slots.size()) slots.resize(static_cast<size_t>(slot) + 1);
+    auto& cached = slots[static_cast<size_t>(slot)];
+    const c10::IntArrayRef sizes = t.sizes();
+    if (!cached.second || !sizes.equals(cached.first)) {
+      cached.first = sizes.vec();
+      cached.second = py::str(shape_text(sizes));
+    }
+    return cached.second.ptr();
+  }
+
+  // Clock.__call__(count): the first of `count` consecutive microsecond stamps, later than any given
+  int64_t stamp(const Call& c, Py_ssize_t count) {
+    const int64_t now = std::chrono::duration_cast<std::chrono::microseconds>(
+        std::chrono::system_clock::now().time_since_epoch()).count();
+    c.clock_acquire();
+    int64_t first = now;
+    try {
+      const int64_t last = c.clock.attr("_last").cast<int64_t>();
+      if (first <= last) first = last + 1;
+      c.clock.attr("_last") = py::int_(first + count - 1);
+    } catch (...) {
+      c.clock_release();
+      throw;
+    }
+    c.clock_release();
+    return first;
+  }
+
+  void unlock(const Call& c, bool locked) {
+    if (!locked) return;
+    try {
+      c.release();
+    } catch (py::error_already_set&) {
+      PyErr_Clear();
+    }
+  }
+
+  // the runtime's Python taps take the call (they have their own error handling)
+  void to_python(int64_t index, PyObject* in_tuple, PyObject* value) {
+    try {
+      if (!runtime_) return;
+      py::object rt = runtime_();
+      if (rt.is_none()) return;
+      if (in_tuple != nullptr) rt.attr("tap_inputs")(index, py::reinterpret_borrow<py::object>(in_tuple));
+      if (value != nullptr && state_ != kClosed) rt.attr("tap_outputs")(index, py::reinterpret_borrow<py::object>(value));
+    } catch (py::error_already_set& e) {
+      e.restore();
+      PyErr_Clear();
+    }
+  }
+
+  void failed(int64_t index, py::object exc, bool outputs) {
+    state_ = kClosed;
+    try {
+      py::object rt = runtime_ ? runtime_() : py::none();
+      if (rt.is_none()) return;
+      std::string where = std::string(outputs ? "the outputs of " : "the inputs of ") +
+                          (static_cast<size_t>(index) < op_names_.size() ? op_names_[index].cast<std::string>() : "?");
+      rt.attr("_failed")(exc, where);
+    } catch (py::error_already_set& e) {
+      e.restore();
+      PyErr_Clear();
+    } catch (...) {
+    }
+  }
+
+  py::object memo_obj_;            // keeps memo_ alive
+  opdump::StatsMemo* memo_;
+  py::object entries_, dtypes_, param_, armed_, runtime_;
+  py::str tap_, input_, output_;
+  py::int_ zero_;
+  std::vector<py::object> op_types_, op_names_;
+  std::vector<std::vector<std::pair<std::vector<int64_t>, py::object>>> shapes_;   // per (op, side), per slot
+  State state_ = kClosed;
+  int64_t count_ = 0;
+  py::object recorder_, folder_, acquire_, release_, clock_, clock_acquire_, clock_release_;
+};
+
 }  // namespace
 
 void register_row_sink(py::module& m) {
@@ -113,4 +392,16 @@ void register_row_sink(py::module& m) {
            py::arg("ts"), py::arg("tensors"),
            "(rows, entries, dtypes) of `tensors`, new lists, entries numbered from `base`; or None (nothing "
            "changed) when an element needs the Python path");
+
+  py::class_<GraphTaps> taps(m, "GraphTaps");
+  taps.def(py::init<py::object, py::list, py::list, py::object, py::list, py::object, py::object>(),
+           py::arg("memo"), py::arg("entries"), py::arg("dtypes"), py::arg("parameter_type"), py::arg("names"),
+           py::arg("armed"), py::arg("runtime_ref"))
+      .def("open", &GraphTaps::open, py::arg("recorder"), py::arg("folder"), py::arg("native"))
+      .def("close", &GraphTaps::close, "stop recording until the next open; the tensors recorded since open")
+      .def("release", &GraphTaps::release, "stop for good, dropping every reference")
+      .def("inputs", &GraphTaps::inputs, "tap(index, *tensors): an operator's inputs, before it runs")
+      .def("outputs", &GraphTaps::outputs, "tap(index, value): an operator's outputs, after it ran")
+      .def("both", &GraphTaps::both, "tap(index, value, *inputs): inputs then outputs, after it ran");
+  taps.attr("graph_tap") = true;     // opdump.capture.graph.instrument.uninstrument removes its calls
 }

@@ -7,6 +7,8 @@ Guarantees of :func:`instrument`:
 * before each selected operator, a tap on its tensor inputs — so inputs are
   captured before the operator runs and an in-place operator cannot alter them;
   after it, a tap on its tensor outputs (``input_output`` decides which exist);
+  with native taps (:mod:`.native_taps`), an operator that writes none of its
+  arguments gets one tap after it for both sides (its inputs are unchanged);
 * nothing else changes: the operators, their order and the graph's outputs are
   untouched, and the graph is compiled by FX codegen (no interpreter loop).
 The taps are bound methods of the graph's :class:`~.runtime.GraphRuntime`, so
@@ -22,6 +24,7 @@ from typing import Sequence
 
 import torch.fx as fx
 
+from .native_taps import build as build_native_taps
 from .ops import tensor_inputs
 from .runtime import GraphRuntime
 from .taps import insert_taps
@@ -33,12 +36,25 @@ def instrument(gm: fx.GraphModule, runtime: GraphRuntime, nodes: Sequence[fx.Nod
     if runtime.session.config.dump_scene == "watcher":     # watcher mode: every operator to the watcher
         from ...debug.watcher_graph import instrument_watcher
         return instrument_watcher(gm, runtime, nodes)
+    taps = runtime.native = build_native_taps(runtime)
+
     def taps_before(node, op):
         ins = tensor_inputs(node) if op.selected and dump_inputs else None
-        return [(runtime.tap_inputs, (op.index, ins))] if ins else []
+        if not ins:
+            return []
+        if taps is None or op.mutates:
+            return [(runtime.tap_inputs, (op.index, ins))]
+        # an operator that writes none of its arguments: its inputs are the same after it ran,
+        # so one native tap after it takes both sides (see taps_after)
+        return [] if dump_outputs else [(taps.inputs, (op.index, *ins))]
 
     def taps_after(node, op):
-        return [(runtime.tap_outputs, (op.index, node))] if op.selected and dump_outputs else []
+        if not (op.selected and dump_outputs):
+            return []
+        if taps is None or op.mutates:
+            return [(runtime.tap_outputs, (op.index, node))]
+        ins = tensor_inputs(node) if dump_inputs else None
+        return [(taps.both, (op.index, node, *ins))] if ins else [(taps.outputs, (op.index, node))]
 
     return insert_taps(gm, nodes, runtime.ops, runtime.begin, runtime.end, taps_before, taps_after)
 

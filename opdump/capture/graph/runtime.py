@@ -25,7 +25,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ..op_info import OpInfo
-from . import faults
+from . import faults, native_taps
 
 
 class GraphRuntime:
@@ -43,6 +43,7 @@ class GraphRuntime:
         self.constants: List[Tuple[str, torch.Tensor]] = list(constants)   # written at the first dumped call
         self.folder: Optional[str] = None    # set while a dumped call runs
         self.kernel_args = session.config.save_kernel_args
+        self.native = None                   # native statistics taps (.native_taps), set by instrument
         # a call of a graph whose operators write nothing but fresh outputs is a hold window:
         # tensor files written from the tensors' own memory (opdump/recorder/held.py)
         self.holding = session.config.graph_dump != "kernels" and not any(op.mutates for op in self.ops)
@@ -64,6 +65,8 @@ class GraphRuntime:
                 pass
         self.session = self.recorder = None
         self.constants = []
+        if self.native is not None:
+            self.native.release()
 
     # ------------------------------------------------------------------ taps (called by the graph)
     def begin(self, placeholders: Sequence) -> None:
@@ -94,6 +97,8 @@ class GraphRuntime:
                     if op.selected:
                         recorder.record_kernel_args(folder, op)
             self.folder = folder
+            if self.native is not None:
+                self.native.open(recorder, folder, native_taps.fast(recorder))
         except Exception as exc:  # noqa: BLE001 - the dump must never break the step
             self._failed(exc, "the start of a dumped call")
 
@@ -103,6 +108,8 @@ class GraphRuntime:
             return
         self.folder = None
         try:
+            if self.native is not None:
+                self.recorder.tensors_recorded += self.native.close()
             self._close_window()
             self.recorder.flush_statistics()
         except Exception as exc:  # noqa: BLE001
@@ -144,6 +151,8 @@ class GraphRuntime:
 
     def _failed(self, exc: BaseException, where: str) -> None:
         self.folder = None
+        if self.native is not None:
+            self.native.close()
         try:
             self.owner.fail(exc, f"graph {self.graph_id} ({self.kind}), at {where}")
         except Exception:  # noqa: BLE001 - even the warning must not reach the step

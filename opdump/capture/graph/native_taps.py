@@ -1,0 +1,57 @@
+"""Native graph taps: the statistics taps of a dumped ATen graph, called from its generated
+code straight into C++ (``GraphTaps`` in ``opdump/stats/row_sink.cpp``).
+
+Why: with statistics only (no tensor files), a Python tap costs ~10 µs per operator side
+around the native work it calls (the bound method, the fault check, ``Recorder.record_all``'s
+checks, the clock, the lock, the row sink's wrapper) — on a model with small operators
+(AlexNet on CPU) more than the statistics themselves.
+
+Guarantees:
+* :func:`build` gives native taps only where ``Recorder.record_all`` would take its native fast
+  path (device-statistics-only recorder, native memo and row sink built); otherwise None and
+  the graph keeps its Python taps;
+* a native tap appends exactly the rows and statistics ``record_all`` would (same names,
+  slots, shapes, handles; consecutive timestamps from the recorder's clock), and hands any call
+  it does not take to the runtime's Python taps (``GraphRuntime.tap_inputs``/``tap_outputs``);
+* :func:`fast` is checked at every dumped call's start: when it no longer holds (an online
+  compare, a folder filter), every tap of that call goes to the Python taps;
+* ``OPDUMP_GRAPH_NATIVE_TAPS=0`` in the environment (read when a graph is instrumented) keeps
+  the Python taps: the reference the parity tests compare with.
+"""
+from __future__ import annotations
+
+import os
+import weakref
+from typing import Optional
+
+import torch
+
+from ...stats import native
+from . import faults
+
+ENV_SWITCH = "OPDUMP_GRAPH_NATIVE_TAPS"
+
+
+def enabled_by_environment() -> bool:
+    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def fast(recorder) -> bool:
+    """Whether ``recorder.record_all`` takes its native fast path for every call now."""
+    return (recorder._launch is not None and recorder.folder_filter is None and recorder.bin is None
+            and recorder.online is None)
+
+
+def build(runtime) -> Optional[object]:
+    """The native taps of ``runtime``'s graph, or None (Python taps)."""
+    recorder = runtime.recorder
+    if recorder is None or not enabled_by_environment() or not fast(recorder):
+        return None
+    sink = recorder._native_sink()           # the RowRecorder over the batch's native memo, or None
+    mod = native.module()
+    cls = getattr(mod, "GraphTaps", None) if mod is not None else None
+    if sink is None or cls is None:
+        return None
+    batch = sink._batch
+    return cls(batch._memo, batch._entries, batch._dtypes, torch.nn.Parameter,
+               [(op.op_type, op.full_name) for op in runtime.ops], faults._armed, weakref.ref(runtime))
