@@ -43,13 +43,24 @@ __all__ = ["batch_metrics", "batchable"]
 ALIGN = 8                   # float64 elements: each pair starts on a 64-byte boundary
 
 
+_PLAIN: Dict[np.dtype, bool] = {}
+
+
+def _plain(layout: Layout) -> bool:
+    """:func:`opdump.analysis.metrics._streamable`, its dtype part looked up once per dtype."""
+    p = _PLAIN.get(layout[1])
+    if p is None:
+        p = _PLAIN[layout[1]] = _streamable(((), layout[1], 0, False))
+    return p and not (layout[3] and len(layout[0]) > 1)
+
+
 def batchable(la: Optional[Layout], lb: Optional[Layout], chunk: int = METRIC_CHUNK) -> bool:
     """Two known layouts this module compares: plain numbers, the same number of elements,
     at least one and at most one metric chunk."""
-    if la is None or lb is None or not (_streamable(la) and _streamable(lb)):
+    if la is None or lb is None:
         return False
     n = math.prod(la[0])
-    return 0 < n <= chunk and n == math.prod(lb[0])
+    return 0 < n <= chunk and n == math.prod(lb[0]) and _plain(la) and _plain(lb)
 
 
 def batch_metrics(tasks: Sequence[tuple]) -> List[Tuple[Any, Dict[str, Any]]]:

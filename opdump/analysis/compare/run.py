@@ -15,7 +15,7 @@ import re
 from functools import lru_cache
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
-from ..reader.npy import npy_layout
+from ..reader.npy import dtype_name, npy_layout
 from ..reader import Dump, open_dump
 from .first import calls_in_order, first_difference, first_divergence
 from .mapping import load_mapping
@@ -97,7 +97,7 @@ def tensors_of_records(rec) -> List[Tensor]:
             t.problem = str(lay) or type(lay).__name__
         else:
             t.layout = lay
-            t.shape, t.np_dtype = lay[0], str(lay[1])
+            t.shape, t.np_dtype = lay[0], dtype_name(lay[1])
     for t in out:
         if t.shape is None:
             t.shape = _shape_from_text(t.row.get("shape"))

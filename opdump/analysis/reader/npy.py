@@ -92,6 +92,20 @@ def _read_header(path: str) -> Tuple[Layout, int]:
     return (tuple(int(x) for x in shape), dtype, offset, bool(fortran)), size
 
 
+_NAMES: Dict[np.dtype, str] = {}
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    """``str(dtype)``, looked up once per dtype (numpy builds the text on every call: ~7 us,
+    twice per pair on a compare of 100,000 files)."""
+    name = _NAMES.get(dtype)
+    if name is None:
+        name = str(dtype)
+        if len(_NAMES) < 1024:
+            _NAMES[dtype] = name
+    return name
+
+
 def truncated(need: int, size: int, shape, dtype) -> ValueError:
     """The error of a file shorter than its header says."""
     return ValueError(f"truncated or corrupt: the header describes {need} bytes "
