@@ -248,3 +248,30 @@ def test_launcher_keeps_the_scripts_exit_status(tmp_path):
             assert f'File "{script}", line 18' in proc.stderr, proc.stderr
         # the session still closed and flushed: step 0, and step 1 up to the failing operator
         assert {f.iteration for f in tensor_files(str(tmp_path / f"dump{status}"))} == {0, 1}
+
+
+def test_overflow_watch_keeps_watching_after_the_users_error(tmp_path):
+    """``op_debug_mode`` 3 (the overflow watch's taps, then the guards): the same exception, no
+    warning, and the watch still reports overflows, in the failed iteration and after it."""
+    torch.manual_seed(0)
+    model = Net()
+    reference = copy.deepcopy(model)
+    seen, opdump_warnings = _dumped(tmp_path, model, common={"op_debug_mode": 3}, steps=2)
+    _same(seen, _reference(reference, steps=2))
+    assert opdump_warnings == []
+    torch._dynamo.reset()
+    with torch.no_grad():
+        model.lin.bias.fill_(float("nan"))            # every step overflows
+    cfg = write_config(tmp_path, common={"iteration": "all", "op_debug_mode": 3}, name="watch.json",
+                       extra={"opdump_settings": {"existing": "overwrite"}})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with opdump.Session(cfg) as session:
+            seen = _steps(torch.compile(model, backend=session.backend("aot_eager")), model, session,
+                          bad=0, steps=2)
+    assert seen[0][1] is IndexError and seen[2][0] == "ok"
+    reports = list((tmp_path / "dump").rglob("overflow.json"))
+    # (graph, iteration): the failed forward's NaN is reported at iteration 0, and iteration 1's
+    # forward and backward are still watched
+    assert sorted(p.parts[-3:-1] for p in reports) == [("0", "0"), ("0", "1"), ("1", "1")], reports
+    assert [str(w.message) for w in caught if "is no longer dumped" in str(w.message)] == []

@@ -99,6 +99,12 @@ def raised_by_operator(exc: BaseException) -> bool:
         return key in _raised
 
 
+def mark_raised_by_operator(exc: BaseException) -> None:
+    """``exc`` is leaving code of the user's program (an operator node: :func:`guard`)."""
+    with _dumped_lock:
+        _raised.append(_key(exc))
+
+
 def _warn(message: str, src=None) -> None:
     """A warning (at the user's line ``src`` when known) that cannot raise (``-W error`` makes
     ``warnings.warn`` raise)."""
@@ -303,8 +309,7 @@ def guard(runtime, index: int, target, op_overload):
         try:
             return target(*args, **kwargs)
         except Exception as exc:
-            with _dumped_lock:
-                _raised.append(_key(exc))
+            mark_raised_by_operator(exc)
             session = getattr(runtime, "session", None)   # None once the session closed (detached runtime)
             dump = getattr(session, "exception_dump", None)
             if dump is not None:
