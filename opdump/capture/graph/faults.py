@@ -8,7 +8,9 @@ arm a fault at a named stage instead, through real compiles and real steps.
 Stages: ``compile:forward`` / ``compile:backward`` / ``compile:inference``
 (after the graph was instrumented, before it is handed back), ``dumped call``
 (the dispatcher, as the dump path is entered), ``call`` (the graph's first
-tap) and ``tap`` (in an operator's tap).  Nothing is
+tap) and ``tap`` (in an operator's tap).  Every stage is outside the operator
+guards, so an injected fault is always opdump's own failure, never taken for the
+user's error (:mod:`.errors`).  Nothing is
 armed outside :func:`inject`, and an unarmed check is one set lookup.
 """
 from __future__ import annotations
