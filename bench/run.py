@@ -80,6 +80,12 @@ def _write_whole(path: str, text: str, drop=()) -> None:
     os.replace(tmp, path)
 
 
+def _add_notes(results: Dict[str, Any], path) -> None:
+    if path:
+        with open(path, encoding="utf-8") as f:
+            results["notes"] = f.read().strip("\n")
+
+
 def write_report(path: str, results: Dict[str, Any], block=None) -> None:
     """The whole report, or with ``block`` only that marked block of ``path``."""
     if block:
@@ -130,6 +136,8 @@ def main(argv=None) -> int:
                     help="comma list of bench/models.py's BUILDERS")
     ap.add_argument("--block", default=None, metavar="NAME",
                     help="write only the marked block NAME of --out (a partial run's section), keep the rest")
+    ap.add_argument("--notes", default=None, metavar="FILE",
+                    help="with --block: a Markdown file appended to the block (findings, a second reading)")
     ap.add_argument("--skip", default="", help="comma list of: scaling,memory,profile,msprobe")
     ap.add_argument("--no-msprobe-setup", action="store_true",
                     help="do not create the MindStudio Probe venv when it is missing")
@@ -151,11 +159,13 @@ def main(argv=None) -> int:
     if args.from_json:
         with open(args.from_json) as f:
             results = json.load(f)
+        _add_notes(results, args.notes)
         write_report(args.out, results, args.block)
         print(f"wrote {args.out} from {args.from_json}", file=sys.stderr)
         return 0
     from bench.modes import log
     results = measure(args)
+    _add_notes(results, args.notes)
     write_report(args.out, results, args.block)
     if args.json:
         _write_whole(args.json, json.dumps(results, indent=1, default=str))

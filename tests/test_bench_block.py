@@ -34,6 +34,12 @@ def test_block_replaces_only_its_own_section(tmp_path):
         assert needed in block, needed
     _run("--out", str(out), "--block", "part")
     assert out.read_text() == text                          # replaced in place, not appended again
+    notes = tmp_path / "notes.md"
+    notes.write_text("A second reading, one torch thread.\n")
+    _run("--out", str(out), "--block", "part", "--notes", str(notes))
+    text = out.read_text()
+    assert text.index("A second reading, one torch thread.") < text.index("<!-- part: end -->")
+    assert text.startswith(head) and text.endswith(other) and text.count("<!-- part: begin -->") == 1
 
 
 def test_block_is_appended_when_missing(tmp_path):
