@@ -52,6 +52,7 @@ METRIC_KEYS = ("cosine", "max_abs_err", "max_rel_err", "rmse", "euclidean", "wit
 
 METRIC_CHUNK = 1 << 16      # elements per step: float64 work buffers stay in the CPU cache
 COMPARE_BLOCK = 1 << 20     # bytes per step of the byte comparison
+FIRST_BLOCK = 64 << 10      # bytes of its first step (a differing pair is told early, little read twice)
 
 
 # --------------------------------------------------------------------------- the metric pass
@@ -224,12 +225,31 @@ class _Data:
         if os.fstat(self.f.fileno()).st_size < self.offset + self.nbytes:
             self.f.close()
             raise truncated(self.offset + self.nbytes, os.path.getsize(path), self.shape, self.dtype)
+        if _SEQUENTIAL is not None:          # a larger readahead window (cold cache)
+            try:
+                os.posix_fadvise(self.f.fileno(), 0, 0, _SEQUENTIAL)
+            except OSError:      # pragma: no cover - advice only
+                pass
         self.rewind()
 
     def rewind(self) -> None:
         self.f.seek(self.offset)
+        self.pos, self.advised = self.offset, self.offset
+
+    def _advise(self, upto: int) -> None:
+        """Keep ``READ_AHEAD`` bytes beyond ``upto`` announced to the kernel (WILLNEED), so a
+        cold file streams from disk while the previous chunks are computed on."""
+        if _WILLNEED is None or self.advised >= self.offset + self.nbytes or upto + READ_AHEAD // 2 < self.advised:
+            return
+        start, self.advised = self.advised, upto + READ_AHEAD
+        try:
+            os.posix_fadvise(self.f.fileno(), start, self.advised - start, _WILLNEED)
+        except OSError:          # pragma: no cover - advice only
+            pass
 
     def read_into(self, buf: bytearray, nbytes: int) -> memoryview:
+        self._advise(self.pos + nbytes)
+        self.pos += nbytes
         view = memoryview(buf)[:nbytes]
         got = 0
         while got < nbytes:
@@ -264,14 +284,17 @@ def _block_stats(x: np.ndarray) -> Tuple[int, float]:
 
 def _identical(da: _Data, db: _Data) -> Optional[Dict[str, Any]]:
     """The metrics of two byte-identical data regions; None at the first differing byte."""
-    block = max(da.dtype.itemsize, COMPARE_BLOCK // da.dtype.itemsize * da.dtype.itemsize)
-    ba, bb = bytearray(min(block, max(1, da.nbytes))), bytearray(min(block, max(1, da.nbytes)))
+    size = da.dtype.itemsize
+    block = max(size, COMPARE_BLOCK // size * size)
+    ba, bb = _raw(0, min(block, max(1, da.nbytes))), _raw(1, min(block, max(1, da.nbytes)))
     n, max_ref, left = 0, 0.0, da.nbytes
+    step_max = max(size, FIRST_BLOCK // size * size)    # a pair that differs mostly differs early
     while left > 0:
-        step = min(block, left)
+        step = min(step_max, block, left)
+        step_max = block
         da.read_into(ba, step)
         db.read_into(bb, step)
-        if (ba != bb) if step == len(ba) else (ba[:step] != bb[:step]):     # memcmp
+        if not _same_bytes(ba, bb, step):
             return None
         k, r = _block_stats(np.frombuffer(bb, dtype=db.dtype, count=step // db.dtype.itemsize))
         n += k
@@ -281,6 +304,9 @@ def _identical(da: _Data, db: _Data) -> Optional[Dict[str, Any]]:
 
 
 SMALL_BYTES = 1 << 20       # data regions up to this size are read whole (one pread)
+READ_AHEAD = 8 << 20        # bytes of a streamed file announced to the kernel ahead of the reads
+_SEQUENTIAL = getattr(os, "POSIX_FADV_SEQUENTIAL", None)
+_WILLNEED = getattr(os, "POSIX_FADV_WILLNEED", None)
 _DTYPE_NAMES: Dict[np.dtype, str] = {}
 
 
@@ -291,8 +317,37 @@ def _dtype_name(d: np.dtype) -> str:
     return name
 
 
-def _read_whole(path: str, layout: Layout) -> bytes:
-    """The data region of a small ``.npy`` file (size checked again: it may have changed)."""
+def _raw(slot: int, nbytes: int) -> bytearray:
+    """A byte buffer of at least ``nbytes`` kept per thread and slot (0: A, 1: B) for the next
+    pair: a fresh 1 MB ``bytearray`` per pair is a memset and page faults, thousands of times."""
+    bufs = getattr(_LOCAL, "raw", None)
+    if bufs is None:
+        bufs = _LOCAL.raw = [bytearray(), bytearray()]
+    if len(bufs[slot]) < nbytes:
+        bufs[slot] = bytearray(nbytes)
+    return bufs[slot]
+
+
+def _same_bytes(ba, bb, n: Optional[int] = None) -> bool:
+    """The first ``n`` bytes (all, when None) of two buffers are equal (a ``memcmp`` for whole
+    ``bytes``/``bytearray``; numpy's comparison for views and prefixes: a ``memoryview``'s
+    own ``==`` unpacks byte by byte)."""
+    if n is None:
+        if isinstance(ba, (bytes, bytearray)) and isinstance(bb, (bytes, bytearray)):
+            return ba == bb
+        n = len(memoryview(ba))
+        if n != len(memoryview(bb)):
+            return False
+    elif n == len(ba) == len(bb):
+        return ba == bb
+    if n == 0:
+        return True
+    return bool(np.array_equal(np.frombuffer(ba, np.uint8, n), np.frombuffer(bb, np.uint8, n)))
+
+
+def _read_whole(path: str, layout: Layout, slot: int = 0) -> memoryview:
+    """The data region of a small ``.npy`` file (size checked again: it may have changed),
+    read into this thread's buffer ``slot`` (valid until the next read into that slot)."""
     shape, dtype, offset, _f = layout
     nbytes = math.prod(shape) * dtype.itemsize
     fd = os.open(path, os.O_RDONLY)
@@ -300,19 +355,25 @@ def _read_whole(path: str, layout: Layout) -> bytes:
         size = os.fstat(fd).st_size
         if size < offset + nbytes:
             raise truncated(offset + nbytes, size, shape, dtype)
-        data = os.pread(fd, nbytes, offset) if nbytes else b""
+        view = memoryview(_raw(slot, nbytes))[:nbytes]
+        got = 0
+        while got < nbytes:
+            r = os.preadv(fd, [view[got:]], offset + got)
+            if r <= 0:
+                break
+            got += r
     finally:
         os.close(fd)
-    if len(data) != nbytes:
-        raise ValueError(f"truncated or corrupt: {len(data)} of {nbytes} data bytes could be read")
-    return data
+    if got != nbytes:
+        raise ValueError(f"truncated or corrupt: {got} of {nbytes} data bytes could be read")
+    return view
 
 
 def _small_metrics(ra: bytes, rb: bytes, la: Layout, lb: Layout, chunk: int) -> Dict[str, Any]:
     """Metrics of two data regions held in memory (same numbers as the streamed pass)."""
     dta, dtb = la[1], lb[1]
     safe = _squares_safe(dta) and _squares_safe(dtb)
-    if dta == dtb and safe and ra == rb:
+    if dta == dtb and safe and _same_bytes(ra, rb):
         return _identical_result(*_block_stats(np.frombuffer(rb, dtype=dtb)))
     a, b = np.frombuffer(ra, dtype=dta), np.frombuffer(rb, dtype=dtb)
     acc = _Accumulator(min(chunk, max(1, a.size)), safe)
@@ -326,7 +387,7 @@ def _stream_metrics(da: _Data, db: _Data, chunk: int) -> Dict[str, Any]:
     count = da.count
     m = min(chunk, max(1, count))
     acc = _Accumulator(m, _squares_safe(da.dtype) and _squares_safe(db.dtype))
-    ra, rb = bytearray(m * da.dtype.itemsize), bytearray(m * db.dtype.itemsize)
+    ra, rb = _raw(0, m * da.dtype.itemsize), _raw(1, m * db.dtype.itemsize)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         for s in range(0, count, chunk):
             k = min(chunk, count - s)
@@ -376,9 +437,9 @@ def pair_metrics(path_a: str, path_b: str, chunk: int = METRIC_CHUNK, layout_a: 
         return out
     if ca * max(la[1].itemsize, lb[1].itemsize) <= SMALL_BYTES:
         raw = []
-        for p, lay in ((path_a, la), (path_b, lb)):
+        for slot, (p, lay) in enumerate(((path_a, la), (path_b, lb))):
             try:
-                raw.append(_read_whole(p, lay))
+                raw.append(_read_whole(p, lay, slot))
             except Exception as e:  # noqa: BLE001
                 return {"error": f"cannot read {p}: {e}", "unreadable": p, "n": 0}
         try:

@@ -34,9 +34,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .blas import single_thread_blas
-from .metrics import (METRIC_CHUNK, _dtype_name, _identical_result, _small_metrics, _squares_safe, _streamable,
+from .metrics import (METRIC_CHUNK, READ_AHEAD, _dtype_name, _identical_result, _small_metrics, _squares_safe, _streamable,
                       _task, metrics_dict)
-from .reader.npy import Layout, read_regions
+from .reader.npy import Layout, read_regions, will_need
 
 __all__ = ["batch_metrics", "batchable"]
 
@@ -68,13 +68,18 @@ def batch_metrics(tasks: Sequence[tuple]) -> List[Tuple[Any, Dict[str, Any]]]:
     the metrics :func:`opdump.analysis.metrics.pair_metrics` gives (see the module)."""
     out: List[Tuple[Any, Dict[str, Any]]] = []
     groups: Dict[Tuple[np.dtype, np.dtype], List[tuple]] = {}
+    alone = []
     for t in tasks:
         la = t[4] if len(t) > 4 else None
         lb = t[5] if len(t) > 5 else None
         if batchable(la, lb):
             groups.setdefault((la[1], lb[1]), []).append(t)
         else:
-            out.append(_task(t))
+            alone.append(t)
+    if len(alone) > 1:          # cold cache: the next pairs' files load while this one is computed
+        will_need([r for t in alone[1:] for r in ((t[1], 0, READ_AHEAD), (t[2], 0, READ_AHEAD))])
+    for t in alone:
+        out.append(_task(t))
     with single_thread_blas(), np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         for (da, db), group in groups.items():
             out += _group(group, da, db)

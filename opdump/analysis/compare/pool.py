@@ -4,7 +4,7 @@ a pool of worker processes sized to the CPUs this process may use.
 * **largest pairs first**: tasks are sorted by bytes, so a multi-GB pair does not start
   last and leave the other workers idle at the end; small pairs follow in batches (one
   round trip for up to 64 pairs or 32 MB); pairs of at most one metric chunk go in batches
-  of up to 2,048 pairs / 4 MB, compared together by :mod:`opdump.analysis.metrics_batch`
+  of up to 2,048 pairs / 512 KB, compared together by :mod:`opdump.analysis.metrics_batch`
   (one read per file into a shared buffer, element-wise work once per batch);
 * the workers start once (fork where safe), stream their files themselves and send back
   only the metrics dict: no array is pickled, no process starts per pair;
@@ -64,7 +64,7 @@ def _worker_init() -> None:
 
 
 #: batches of small pairs (at most one metric chunk each, :func:`.metrics_batch.batchable`)
-SMALL_BATCH_BYTES = 4 << 20
+SMALL_BATCH_BYTES = 512 << 10         # float64 work arrays of a batch stay near the L2 cache
 SMALL_BATCH_COUNT = 2048
 
 

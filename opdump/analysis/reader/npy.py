@@ -213,3 +213,23 @@ def read_regions(jobs: List[Tuple[str, Layout, memoryview]]) -> List[Optional[Ex
             if fd >= 0:
                 os.close(fd)
     return errs
+
+
+def will_need(regions: List[Tuple[str, int, int]]) -> None:
+    """Tell the kernel that ``(path, offset, length)`` regions are about to be read
+    (``posix_fadvise(WILLNEED)``): on a cold cache their reads start in the background,
+    all queued at once, while the caller still computes on earlier files.  Advice only:
+    errors are ignored, nothing is read here."""
+    if _WILLNEED is None:
+        return
+    for path, offset, length in regions:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.posix_fadvise(fd, offset, length, _WILLNEED)
+        except OSError:          # pragma: no cover - advice only
+            pass
+        finally:
+            os.close(fd)
