@@ -275,3 +275,45 @@ def test_overflow_watch_keeps_watching_after_the_users_error(tmp_path):
     # forward and backward are still watched
     assert sorted(p.parts[-3:-1] for p in reports) == [("0", "0"), ("0", "1"), ("1", "1")], reports
     assert [str(w.message) for w in caught if "is no longer dumped" in str(w.message)] == []
+
+
+@torch.library.custom_op("opdump_user_errors::bump", mutates_args=("buf",))
+def bump(buf: torch.Tensor, x: torch.Tensor) -> None:
+    if x.max() > 100:
+        raise ValueError("bump: input above 100")
+    buf.add_(1)
+
+
+class Asserting(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("bumps", torch.zeros(()))
+
+    def forward(self, x, idx):
+        torch._assert_async(x.sum() > -100, "the batch sum must stay above -100")   # not a dumped operator
+        torch.ops.opdump_user_errors.bump(self.bumps, x)      # a mutating custom op: auto_functionalized
+        return (x * 2)[idx].sum()
+
+
+def test_an_assertion_and_a_mutating_custom_op_in_the_graph_are_the_users(tmp_path):
+    """``torch._assert_async`` is no dumped operator (no file, no name) and a mutating custom op
+    runs as a higher-order operator (``auto_functionalized``), but both are the program's calls:
+    their errors propagate unchanged, no warning, the next iterations dump."""
+    model = Asserting()
+    cfg = write_config(tmp_path, common={"iteration": "all"})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with opdump.Session(cfg) as session:
+            compiled = torch.compile(model, backend=session.backend("aot_eager"))
+            outcomes = []
+            for step in range(4):
+                x = torch.full((3,), {1: -50.0, 2: 200.0}.get(step, 1.0))
+                try:
+                    outcomes.append(compiled(x, torch.tensor([0, 2])).item())
+                except (RuntimeError, ValueError) as exc:
+                    outcomes.append(f"{type(exc).__name__}: {exc}")
+                session.step()
+    assert outcomes == [4.0, "RuntimeError: the batch sum must stay above -100", "ValueError: bump: input above 100", 4.0]
+    assert model.bumps.item() == 2.0                  # steps 0 and 3; the failed calls applied nothing
+    assert [str(w.message) for w in caught if str(w.message).startswith("opdump")] == []
+    assert {f.iteration for f in tensor_files(str(tmp_path / "dump"))} == {0, 1, 2, 3}

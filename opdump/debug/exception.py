@@ -291,11 +291,14 @@ def guard_operators(gm, runtime, nodes: Sequence) -> None:
         overload = target if isinstance(target, torch._ops.OpOverload) else \
             getattr(getattr(torch.ops.aten, op.op_type), op.overload)    # a stand-in (a tolerant view)
         node.target = guard(runtime, op.index, target, overload)
-    for node in gm.graph.nodes:     # higher-order operators (a mutating custom op's auto_functionalized):
-        if node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator):
+    for node in gm.graph.nodes:     # the program's other calls: assertions (``_assert_async``), higher-order
+        if node.op == "call_function" and isinstance(node.target, _CALLS):     # operators (auto_functionalized)
             node.target = guard(None, -1, node.target, None)       # marked, never dumped (no OpInfo)
     gm.graph.lint()
     gm.recompile()
+
+
+_CALLS = (torch._ops.OpOverload, torch._ops.HigherOrderOperator)
 
 
 def guard(runtime, index: int, target, op_overload):
