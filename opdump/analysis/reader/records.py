@@ -18,6 +18,7 @@ from ...format.names import op_type_of
 from .names_cache import sanitize
 from .containers import Graph, Iteration
 from .statistics import STAT_COLUMNS
+from .records_columns import frame_of_columns
 
 COLUMNS = ["rank", "net", "graph", "iteration", "order", "exec_index", "op", "op_file", "op_type", "kind",
            "io", "slot", "call", "dtype", "format", "timestamp", "task_id", "stream_id", "path", "nbytes",
@@ -81,14 +82,18 @@ def iteration_rows(rid: int, it: Iteration, g: Optional[Graph]) -> List[Dict[str
 
 
 def build_records(ranks):
-    """The records DataFrame of ``ranks`` ({rank id: Rank}); see :meth:`.dump.Dump.records`."""
+    """The records DataFrame of ``ranks`` ({rank id: Rank}); see :meth:`.dump.Dump.records`.
+    A statistics-only dump read as columns is built without a dict per row
+    (:mod:`.records_columns`, the same table)."""
     import pandas as pd
-    out = []
-    for rid in sorted(ranks):
-        rank = ranks[rid]
-        for it in rank.iterations:
-            out.extend(iteration_rows(rid, it, rank.graphs.get(it.graph)))
-    df = pd.DataFrame(out)
+    df = frame_of_columns(ranks, _STAT_SKIP, execution_positions)    # statistics-only dumps
+    if df is None:
+        out = []
+        for rid in sorted(ranks):
+            rank = ranks[rid]
+            for it in rank.iterations:
+                out.extend(iteration_rows(rid, it, rank.graphs.get(it.graph)))
+        df = pd.DataFrame(out)
     if df.empty:
         return pd.DataFrame(columns=COLUMNS)
     for c in COLUMNS:

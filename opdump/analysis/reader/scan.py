@@ -25,7 +25,8 @@ from .bins import bin_tensor_files
 from .files import TensorFile
 from .ops import OpInfo
 from .sources import parse_ir
-from .statistics import read_statistic_csv
+from .statistics import read_statistic_columns, read_statistic_csv
+from .stat_table import StatColumns, StatRows, columns_enabled
 
 
 def read_json(path: Path) -> Optional[Dict[str, Any]]:
@@ -196,6 +197,9 @@ def scan_iteration(it: Iteration) -> None:
     for e in os.scandir(it.path):
         name = e.name
         if name == ff.STATISTIC_FILE:
+            if columns_enabled():                    # columns, the rows a view (stat_table)
+                it.stats = StatRows(StatColumns(*read_statistic_columns(Path(e.path)), it.net))
+                continue
             for row in read_statistic_csv(Path(e.path)):
                 row["_net"] = it.net
                 it.stats.append(row)
@@ -238,6 +242,10 @@ def scan_iteration(it: Iteration) -> None:
         counters[k] = t.call + 1
     it.files = files
     # statistics: calls in timestamp order
+    if isinstance(it.stats, StatRows):
+        it.stats.table.sort_by_timestamp()
+        it.stats.table.number_calls()
+        return
     it.stats.sort(key=lambda r: (r.get("timestamp", 0)))
     sc: Dict[Tuple[str, str, int], int] = {}
     for r in it.stats:
@@ -276,6 +284,12 @@ def resolve_names(rank: Rank) -> None:
             global_map.setdefault(o.file_name, o.full_name)
     for it in rank.iterations:
         m = per_graph.setdefault(it.graph, {})
+        if isinstance(it.stats, StatRows):
+            for fn in dict.fromkeys(it.stats.table.get("op", "")):     # distinct, first seen first
+                if fn and "/" in fn:
+                    m.setdefault(sanitize(fn), fn)
+                    global_map.setdefault(sanitize(fn), fn)
+            continue
         for r in it.stats:
             fn = r.get("op", "")
             if fn and "/" in fn:
@@ -292,7 +306,9 @@ def resolve_names(rank: Rank) -> None:
     rank.name_map = global_map
     for it in rank.iterations:
         m = per_graph.get(it.graph, {})
-        for r in it.stats:
+        if isinstance(it.stats, StatRows):
+            _resolve_column(it.stats.table, m, global_map)
+        for r in ([] if isinstance(it.stats, StatRows) else it.stats):
             fn = r.get("op", "")
             if fn and "/" not in fn and r.get("op_type") != ff.PARAMETER_TYPE:
                 r["op"] = m.get(fn) or global_map.get(fn) or m.get(sanitize(fn)) or fn
@@ -302,3 +318,22 @@ def resolve_names(rank: Rank) -> None:
             else:
                 prefix = "" if t.kind == "parameter" else fl.CONSTANTS_DIR + "/"
                 t.op = f"{prefix}{ff.PARAMETER_TYPE}.{t.op_file}"
+
+
+def _resolve_column(table: StatColumns, m: Dict[str, str], global_map: Dict[str, str]) -> None:
+    """:func:`resolve_names`' rule for statistic rows, once per distinct (name, type)."""
+    ops = table.cols.get("op")
+    if ops is None:
+        return
+    types = table.get("op_type")
+    done: Dict[Tuple[str, Any], str] = {}
+    for i, (fn, ty) in enumerate(zip(ops, types)):
+        k = (fn, ty)
+        v = done.get(k)
+        if v is None:
+            v = fn
+            if fn and "/" not in fn and ty != ff.PARAMETER_TYPE:
+                v = m.get(fn) or global_map.get(fn) or m.get(sanitize(fn)) or fn
+            done[k] = v
+        if v is not fn:
+            ops[i] = v

@@ -14,7 +14,7 @@ from __future__ import annotations
 import csv
 import re
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Sequence, Tuple
 
 from ...format.statistics import BASE_KEYS, HEADER_KEYS, NUMERIC_KEYS
 
@@ -55,7 +55,21 @@ def _cell_error(path: Path, line: int, column: str, value: str) -> str:
 
 
 def read_statistic_csv(path: Path) -> List[Dict[str, Any]]:
-    """Rows of one statistic.csv as dicts (normalised column names).
+    """Rows of one statistic.csv as dicts (normalised column names): the rows of
+    :func:`read_statistic_columns`, one dict per row, ``stat_errors`` / ``stat_skipped`` last
+    where a row has them."""
+    keys, columns, n, extras = read_statistic_columns(path)
+    rows = [dict(zip(keys, vals)) for vals in zip(*columns)] if keys else [{} for _ in range(n)]
+    for i, extra in extras.items():
+        rows[i].update(extra)
+    return rows
+
+
+def read_statistic_columns(path: Path) -> Tuple[List[str], List[List[Any]], int, Dict[int, Dict[str, str]]]:
+    """One statistic.csv as columns: (keys, columns, number of rows, extras), ``keys[j]`` the
+    normalised name of ``columns[j]`` (as read; a key may repeat where two headers map to one
+    name: a row dict keeps the first one's place and the last one's value), ``extras`` row
+    index -> ``{"stat_errors": …, "stat_skipped": …}`` for the rows that carry them.
 
     Shapes such as ``(2,3)`` are accepted quoted or not (an unquoted shape spans
     several CSV fields and is glued back together).  A line the CSV parser refuses (a
@@ -76,7 +90,7 @@ def read_statistic_csv(path: Path) -> List[Dict[str, Any]]:
         try:
             header = [h.strip() for h in next(reader)]
         except StopIteration:
-            return []
+            return [], [], 0, {}
         except csv.Error as e:
             raise ValueError(f"{path}: line {reader.line_num}: not a readable statistic.csv ({e})") from None
         while header and header[-1] == "":
@@ -116,18 +130,20 @@ def read_statistic_csv(path: Path) -> List[Dict[str, Any]]:
             raise ValueError("; ".join(refused[:3]))
         skipped.setdefault(len(recs) - 1, []).extend(refused)
     if not recs:
-        return []
+        return [], [], 0, {}
     keys = [_STRUCT_COLUMNS.get(h) or STAT_COLUMNS.get(h) or h for h in header]
     errors: Dict[int, List[str]] = {}
     columns = [_convert_column(path, h, k, col, lines, errors)
                for h, k, col in zip(header, keys, zip(*(r[:width] for r in recs)))]
-    rows = [dict(zip(keys, vals)) for vals in zip(*columns)] if keys else [{} for _ in recs]
+    extras: Dict[int, Dict[str, str]] = {}
+    last = {k: c for k, c in zip(keys, columns)}         # a repeated key: its last column's value
     for i, errs in errors.items():
-        rows[i]["stat_errors"] = "; ".join(errs)
+        extras.setdefault(i, {})["stat_errors"] = "; ".join(errs)
     for i, lines_refused in skipped.items():
-        row = rows[i]
-        row["stat_skipped"] = "; ".join(([row["stat_skipped"]] if row.get("stat_skipped") else []) + lines_refused)
-    return rows
+        ex = extras.setdefault(i, {})
+        prev = ex.get("stat_skipped", last["stat_skipped"][i] if "stat_skipped" in last else None)
+        ex["stat_skipped"] = "; ".join(([prev] if prev else []) + lines_refused)
+    return keys, columns, len(recs), extras
 
 
 def _convert_column(path: Path, header: str, key: str, col: Sequence[str], lines: List[int],

@@ -1,0 +1,138 @@
+"""An iteration's ``statistic.csv`` rows kept as columns (:class:`StatColumns`), with the
+per-row dicts the reader has always offered as a view over them (:class:`StatRows`).
+
+Why: a statistics-only dump of 136,000 rows spent seconds building, sorting, renaming and
+joining one dict per row before the records table existed; the same steps on columns
+are one pass of plain list operations per column.
+
+Guarantees: ``StatRows`` yields, row for row, the dicts the per-row reader built (the
+cells of :func:`.statistics.read_statistic_csv` in the file's column order, then
+``stat_errors`` / ``stat_skipped`` where a row has them, then ``_net`` and ``call``), in
+the same order (timestamp order, stable), with the same full names after
+:func:`.scan.resolve_names`; tests/test_reader_columns.py checks it on generated and real
+dumps against ``OPDUMP_READER_COLUMNS=0`` (the per-row reader, kept for that check).
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any, Dict, Iterator, List, Optional
+
+from .names_cache import sanitize
+
+__all__ = ["StatColumns", "StatRows", "columns_enabled"]
+
+
+def columns_enabled() -> bool:
+    """False when ``OPDUMP_READER_COLUMNS=0``: statistic rows are read as dicts, one per row
+    (the reader before columns; kept so tests can check that both agree)."""
+    return os.environ.get("OPDUMP_READER_COLUMNS", "1") != "0"
+
+
+class StatColumns:
+    """The statistic rows of one iteration folder, column by column.
+
+    ``keys``: the file's normalised column names in order (a name once, at its first place);
+    ``cols``: name -> list of cells; ``extras``: row -> {``stat_errors``/``stat_skipped``: text};
+    ``net``: the ``_net`` of every row; ``calls``: each row's call counter (the k-th row of one
+    (operator file name, io, slot) in timestamp order), filled by :meth:`number_calls`."""
+
+    __slots__ = ("keys", "cols", "n", "extras", "net", "calls")
+
+    def __init__(self, keys: List[str], columns: List[List[Any]], n: int, extras: Dict[int, Dict[str, str]],
+                 net: str):
+        cols: Dict[str, List[Any]] = {}
+        for k, c in zip(keys, columns):
+            cols[k] = list(c)                       # a repeated name: first place, last value
+        self.keys = list(cols)
+        self.cols = cols
+        self.n = n
+        self.extras = extras
+        self.net = net
+        self.calls: List[int] = [0] * n
+
+    def get(self, key: str, default: Any = None) -> List[Any]:
+        """The column ``key`` as the rows would give it (``row.get(key, default)`` per row)."""
+        if key == "call":
+            return self.calls
+        if key == "_net":
+            return [self.net] * self.n
+        c = self.cols.get(key)
+        if c is not None:
+            return c
+        if self.extras and key in ("stat_errors", "stat_skipped"):
+            return [self.extras.get(i, {}).get(key, default) for i in range(self.n)]
+        return [default] * self.n
+
+    def sort_by_timestamp(self) -> None:
+        """Rows in timestamp order (stable), as ``list.sort(key=timestamp)`` on the rows."""
+        ts = self.cols.get("timestamp")
+        if ts is None or self.n < 2:
+            return
+        order = sorted(range(self.n), key=ts.__getitem__)
+        if all(i == j for i, j in enumerate(order)):
+            return
+        for k, c in self.cols.items():
+            self.cols[k] = [c[i] for i in order]
+        if self.extras:
+            where = {old: new for new, old in enumerate(order)}
+            self.extras = {where[i]: e for i, e in self.extras.items()}
+
+    def number_calls(self) -> None:
+        """``calls``: per (sanitised operator name, io, slot), 0, 1, 2… in row order."""
+        ops, ios, slots = self.get("op", ""), self.get("io", ""), self.get("slot", 0)
+        names: Dict[str, str] = {}
+        counters: Dict[tuple, int] = {}
+        calls = self.calls
+        for i, (op, io, slot) in enumerate(zip(ops, ios, slots)):
+            of = names.get(op)
+            if of is None:
+                of = names[op] = sanitize(op)
+            k = (of, io, slot)
+            c = counters.get(k, 0)
+            calls[i] = c
+            counters[k] = c + 1
+
+    def row(self, i: int) -> Dict[str, Any]:
+        """Row ``i`` as the per-row reader's dict."""
+        d = {k: c[i] for k, c in self.cols.items()}
+        e = self.extras.get(i) if self.extras else None
+        if e:
+            d.update(e)
+        d["_net"] = self.net
+        d["call"] = self.calls[i]
+        return d
+
+
+class StatRows(Sequence):
+    """``Iteration.stats``: the rows of a :class:`StatColumns` as dicts, built on first use
+    (after the reader has finished naming; kept, so a row changed by its user stays changed)."""
+
+    __slots__ = ("table", "_rows")
+
+    def __init__(self, table: Optional[StatColumns]):
+        self.table = table
+        self._rows: Optional[List[Dict[str, Any]]] = None
+
+    def _all(self) -> List[Dict[str, Any]]:
+        if self._rows is None:
+            t = self.table
+            self._rows = [t.row(i) for i in range(t.n)] if t is not None else []
+        return self._rows
+
+    def __len__(self) -> int:
+        if self._rows is not None:
+            return len(self._rows)
+        return self.table.n if self.table is not None else 0
+
+    def __getitem__(self, i):
+        return self._all()[i]
+
+    def __iter__(self) -> Iterator[Dict[str, Any]]:
+        return iter(self._all())
+
+    def __eq__(self, other) -> bool:
+        return list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return f"StatRows({len(self)} rows)"
