@@ -65,7 +65,6 @@ def write_stats_dump(root: Path, *, iterations=(0, 1, 2), ranks=(0,), blocks=3, 
     Values come from ``seed``; ``perturb`` scales B-like changes; ``swap_ties`` gives each
     block's two backward ``detach`` calls each other's statistics; ``drop`` (iteration, op
     index) leaves an operator out; ``dtype_of``/``shape_of`` override by op index."""
-    rng = random.Random(seed)
     ops = _ops(blocks)
     for rank in ranks:
         rdir = root / f"rank_{rank}"

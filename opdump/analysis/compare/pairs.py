@@ -8,6 +8,7 @@ difference, table) reads named fields, so no stage depends on another's private 
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Dict, List, Optional, Tuple
@@ -164,6 +165,18 @@ _base_type = lru_cache(maxsize=4096)(base_op_type)
 @lru_cache(maxsize=4096)
 def _shape_text(shape: tuple) -> str:
     return "(" + ",".join(str(int(x)) for x in shape) + ")"
+
+
+@lru_cache(maxsize=4096)
+def _parsed_shape(v: str) -> Optional[Tuple[int, ...]]:
+    if not v.strip():
+        return None
+    return tuple(int(x) for x in re.findall(r"-?\d+", v))
+
+
+def shape_from_text(v: Any) -> Optional[Tuple[int, ...]]:
+    """A statistics row's shape text -> tuple (parsed once per distinct text); None when absent."""
+    return _parsed_shape(v) if isinstance(v, str) else None
 
 
 @dataclass

@@ -11,8 +11,6 @@ path and reason, and the rest is compared.
 from __future__ import annotations
 
 import os
-import re
-from functools import lru_cache
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from ..reader.npy import dtype_name, npy_layout
@@ -22,7 +20,7 @@ from .mapping import load_mapping
 from .frontend import RULE_FRONT_END
 from .match import default_matchers, match
 from .kernels import KERNEL_RULES, with_kernels
-from .pairs import TABLE_COLUMNS, Pair, Tensor
+from .pairs import TABLE_COLUMNS, Pair, Tensor, shape_from_text
 from .fields import make_tensors
 from .gcpause import gc_paused, gc_running
 from .stat_fast import statistics_compare
@@ -40,18 +38,6 @@ MIN_MATCHED_SHARE = 0.5
 
 class CompareError(ValueError):
     """Nothing to compare (empty dump, no common iteration, nothing matched)."""
-
-
-@lru_cache(maxsize=4096)
-def _shape_text(v: str) -> Optional[Tuple[int, ...]]:
-    if not v.strip():
-        return None
-    return tuple(int(x) for x in re.findall(r"-?\d+", v))
-
-
-def _shape_from_text(v: Any) -> Optional[Tuple[int, ...]]:
-    """A statistics row's shape text -> tuple (parsed once per distinct text)."""
-    return _shape_text(v) if isinstance(v, str) else None
 
 
 def _layouts(paths: List[str]) -> List[Any]:
@@ -100,7 +86,7 @@ def tensors_of_records(rec) -> List[Tensor]:
             t.shape, t.np_dtype = lay[0], dtype_name(lay[1])
     for t in out:
         if t.shape is None:
-            t.shape = _shape_from_text(t.row.get("shape"))
+            t.shape = shape_from_text(t.row.get("shape"))
     return out
 
 

@@ -28,13 +28,12 @@ turns this path off.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ..common import is_garbage, is_random_op
 from .frontend import EXTRA_OUTPUTS, canonical_type
-from .pairs import RULE_NAME, RULE_ORDER, _base_type, dtype_class
+from .pairs import RULE_NAME, RULE_ORDER, _base_type, dtype_class, shape_from_text
 from .stat_pairs import StatPairs, finish_result
 
 __all__ = ["statistics_compare", "enabled"]
@@ -175,7 +174,6 @@ def _tie_breaks(sa, sb, blocks, ai, bi, rules, dclass) -> bool:
     ``bi`` and ``rules`` are changed in place where it re-pairs calls.  False: a re-paired
     call does not pair tensor by tensor; the per-row stages must decide."""
     from .match import STAT_KEYS                 # the fingerprint's keys, as the matcher reads them
-    n = len(ai)
     kind = sa["kind"].tolist()
     ops, files, types = sa["op"].tolist(), sa["op_file"].tolist(), sa["op_type"].tolist()
     iob, slots, graphs, calls = sa["io"].tolist(), sa["slot"].tolist(), sa["graph"].tolist(), sa["call"].tolist()
@@ -194,7 +192,6 @@ def _tie_breaks(sa, sb, blocks, ai, bi, rules, dclass) -> bool:
             call_order.append(key)
         else:
             lst.append(k)
-    from .run import _shape_from_text
     head: Dict[tuple, tuple] = {}                # call -> (scope, base type); ties need two of one
     count: Dict[tuple, int] = {}
     for key in call_order:
@@ -208,7 +205,7 @@ def _tie_breaks(sa, sb, blocks, ai, bi, rules, dclass) -> bool:
         if count[(blk, scope, base)] < 2:
             continue                             # its signature occurs once in its scope: no tie
         cut = EXTRA_OUTPUTS.get(base)
-        sig = [(iob[ai_l[k]], int(slots[ai_l[k]]), _shape_from_text(shapes[ai_l[k]]), dclass[ai_l[k]])
+        sig = [(iob[ai_l[k]], int(slots[ai_l[k]]), shape_from_text(shapes[ai_l[k]]), dclass[ai_l[k]])
                for k in where[key]
                if not (cut is not None and iob[ai_l[k]] == "output" and int(slots[ai_l[k]]) >= cut)]
         sig = (canonical_type(base),) + tuple(sorted(sig, key=lambda s: (s[0], s[1])))
@@ -259,30 +256,3 @@ def _tie_breaks(sa, sb, blocks, ai, bi, rules, dclass) -> bool:
             bi[k] = j
             rules[k] = rule
     return True
-
-
-def random_rule(op_types: List[str], ios: List[str], verdicts: List[str], reasons: List[str],
-                is_random: Callable[[Any], bool] = is_random_op) -> None:
-    """:func:`.verdict._random` over columns (in place)."""
-    cache: Dict[Any, bool] = {}
-    for i, v in enumerate(verdicts):
-        if v == "diverged" and ios[i] == "output":
-            t = op_types[i]
-            r = cache.get(t)
-            if r is None:
-                r = cache[t] = is_random(t)
-            if r:
-                verdicts[i] = "nondeterministic"
-                reasons[i] = "random operator: " + (reasons[i] or "")
-
-
-def garbage(op_types: List[str], ios: List[str], slots: List[Any]) -> List[bool]:
-    """:func:`opdump.analysis.common.is_garbage` per row, once per distinct (type, io, slot)."""
-    cache: Dict[tuple, bool] = {}
-    out = []
-    for k in zip(op_types, ios, slots):
-        r = cache.get(k)
-        if r is None:
-            r = cache[k] = is_garbage(*k)
-        out.append(r)
-    return out

@@ -10,13 +10,14 @@ functions can look at (the differing ones and the calls they name), in table ord
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
+from ..common import is_garbage, is_random_op
 from .fields import make_tensors
 from .first import first_difference, first_divergence
-from .pairs import TABLE_COLUMNS, Pair, _shape_text
+from .pairs import TABLE_COLUMNS, Pair, _shape_text, shape_from_text
 from .result import RULE_FIRST_DIFFERENCE, RULE_THRESHOLDS, CompareResult
 from .stat_columns import _VALUES, column_of_values, judge_columns
 
@@ -31,14 +32,13 @@ def _dtype(v: Any) -> Optional[str]:
 
 
 def _shape_texts(texts: List[Any]) -> List[Optional[str]]:
-    from .run import _shape_from_text            # run imports .stat_fast, which imports this
     cache: Dict[Any, Optional[str]] = {}
     out = []
     for t in texts:
         try:
             r = cache[t]
         except (KeyError, TypeError):
-            s = _shape_from_text(t)
+            s = shape_from_text(t)
             r = None if s is None else _shape_text(s)
             try:
                 cache[t] = r
@@ -57,7 +57,6 @@ class StatPairs:
     @classmethod
     def build(cls, sides, parts, th) -> "StatPairs":
         from .verdict import same_dtype_tolerance
-        from .stat_fast import garbage, random_rule
         self = cls()
         c: Dict[str, list] = {k: [] for k in (
             "rank", "iteration", "iteration_b", "graph", "op", "op_b", "op_type", "kind", "io", "slot", "call",
@@ -141,7 +140,6 @@ class StatPairs:
 
     def tensors(self, idx: List[int]) -> List[Pair]:
         """:class:`Pair` records (fields as the per-row stages set them) of the pairs ``idx``."""
-        from .run import _shape_from_text
         c = self.cols
         made: Dict[tuple, Any] = {}
         for s, (sa, sb) in enumerate(self.sides):
@@ -150,7 +148,7 @@ class StatPairs:
                 if not rows:
                     continue
                 for r, t in zip(rows, make_tensors(frame.iloc[rows])):
-                    t.shape = _shape_from_text(t.row.get("shape"))
+                    t.shape = shape_from_text(t.row.get("shape"))
                     made[(s, tag, r)] = t
         return [Pair(made[(c["side"][k], "a", c["row_a"][k])], made[(c["side"][k], "b", c["row_b"][k])],
                      c["match"][k], c["mode"][k], c["verdict"][k], c["reason"][k], c["identical"][k],
@@ -278,3 +276,30 @@ def _first_difference(sp: StatPairs, sources):
         if out[0] is not None or limit is None or len(order) <= limit:
             return out
     return out  # pragma: no cover
+
+
+def random_rule(op_types: List[str], ios: List[str], verdicts: List[str], reasons: List[str],
+                is_random: Callable[[Any], bool] = is_random_op) -> None:
+    """:func:`.verdict._random` over columns (in place)."""
+    cache: Dict[Any, bool] = {}
+    for i, v in enumerate(verdicts):
+        if v == "diverged" and ios[i] == "output":
+            t = op_types[i]
+            r = cache.get(t)
+            if r is None:
+                r = cache[t] = is_random(t)
+            if r:
+                verdicts[i] = "nondeterministic"
+                reasons[i] = "random operator: " + (reasons[i] or "")
+
+
+def garbage(op_types: List[str], ios: List[str], slots: List[Any]) -> List[bool]:
+    """:func:`opdump.analysis.common.is_garbage` per row, once per distinct (type, io, slot)."""
+    cache: Dict[tuple, bool] = {}
+    out = []
+    for k in zip(op_types, ios, slots):
+        r = cache.get(k)
+        if r is None:
+            r = cache[k] = is_garbage(*k)
+        out.append(r)
+    return out
