@@ -41,7 +41,7 @@ verdict stage then reports them as unmatched when their element counts differ).
 from __future__ import annotations
 
 from difflib import SequenceMatcher
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..reader import sanitize
 from ..reader.statistics import STAT_COLUMNS as STAT_KEYS
@@ -231,20 +231,27 @@ def _tie_break(chosen: List[Tuple[int, int]], sig_a: Sequence, ca: Sequence, cb:
         if fa == fb or None in fa or None in fb:
             out += group
             continue
-        free_y: Dict[tuple, List[int]] = {}
-        for (_, y), f in zip(group, fb):
-            free_y.setdefault(f, []).append(y)
-        left_x = []
-        for (x, _), f in zip(group, fa):
-            ys = free_y.get(f)
-            if ys:
-                out.append((x, ys.pop(0)))
-            else:
-                left_x.append(x)
-        taken = {y for _, y in out}
-        left_y = [y for _, y in group if y not in taken]
-        out += list(zip(left_x, left_y))
+        out += [(group[i][0], group[j][1]) for i, j in pair_by_fingerprint(fa, fb)]
     return out
+
+
+def pair_by_fingerprint(fa: Sequence, fb: Sequence) -> List[Tuple[int, int]]:
+    """Positions ``(i, j)`` pairing ``fa`` with ``fb``: each ``i`` in order takes the first free
+    ``j`` with an equal fingerprint; the ``i`` left over take the free ``j`` in order (the value
+    tie-break's rule, also reproduced on columns by :mod:`.stat_fast`)."""
+    free: Dict[Any, List[int]] = {}
+    for j, f in enumerate(fb):
+        free.setdefault(f, []).append(j)
+    out: List[Tuple[int, int]] = []
+    left: List[int] = []
+    for i, f in enumerate(fa):
+        js = free.get(f)
+        if js:
+            out.append((i, js.pop(0)))
+        else:
+            left.append(i)
+    taken = {j for _, j in out}
+    return out + list(zip(left, [j for j in range(len(fb)) if j not in taken]))
 
 
 class AlignedOrderMatcher(Matcher):

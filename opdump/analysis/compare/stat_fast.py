@@ -173,7 +173,7 @@ def _tie_breaks(sa, sb, blocks, ai, bi, rules, dclass) -> bool:
     """Reproduce :func:`.match._tie_break` on the position-by-position pairing (module doc):
     ``bi`` and ``rules`` are changed in place where it re-pairs calls.  False: a re-paired
     call does not pair tensor by tensor; the per-row stages must decide."""
-    from .match import STAT_KEYS                 # the fingerprint's keys, as the matcher reads them
+    from .match import STAT_KEYS, pair_by_fingerprint    # the fingerprint's keys and pairing, as the matcher's
     kind = sa["kind"].tolist()
     ops, files, types = sa["op"].tolist(), sa["op_file"].tolist(), sa["op_type"].tolist()
     iob, slots, graphs, calls = sa["io"].tolist(), sa["slot"].tolist(), sa["graph"].tolist(), sa["call"].tolist()
@@ -228,19 +228,7 @@ def _tie_breaks(sa, sb, blocks, ai, bi, rules, dclass) -> bool:
             fb = [fingerprint(where[c], bi_l, io_b, slot_b, cols_b) for c in group]
             if fa == fb:
                 continue
-            free_y: Dict[tuple, List[int]] = {}
-            for y, f in enumerate(fb):
-                free_y.setdefault(f, []).append(y)
-            out, left_x = [], []
-            for x, f in enumerate(fa):
-                ys = free_y.get(f)
-                if ys:
-                    out.append((x, ys.pop(0)))
-                else:
-                    left_x.append(x)
-            taken = {y for _, y in out}
-            out += list(zip(left_x, [y for y in range(len(group)) if y not in taken]))
-            for x, y in out:
+            for x, y in pair_by_fingerprint(fa, fb):
                 if x != y:
                     moved[group[x]] = group[y]
     for cx, cy in moved.items():
