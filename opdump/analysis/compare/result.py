@@ -16,6 +16,16 @@ RULE_FIRST_DIFFERENCE = "first difference"     # same dtypes: identical (within 
 RULE_THRESHOLDS = "thresholds"                 # dtypes differ: cosine / error thresholds
 
 
+def rule_of(same: bool, mixed: int, compared: int, thresholds: Thresholds) -> Tuple[str, str]:
+    """(rule, note) of a comparison: ``same`` when every compared pair holds one dtype on both
+    sides, else ``mixed`` of the ``compared`` pairs differ in dtype."""
+    if same:
+        return RULE_FIRST_DIFFERENCE, ("A and B hold the same dtypes: identical means bit-equal or within "
+                                       f"max({thresholds.same_rtol:g}, eps)·max|B|")
+    return RULE_THRESHOLDS, (f"dtypes differ in {mixed} of {compared} compared pairs: "
+                             "cosine and error thresholds decide")
+
+
 def _safe(text: Any) -> str:
     """Printable on any terminal: names holding undecodable bytes are escaped, never raise."""
     return str(text).encode("utf-8", "backslashreplace").decode("utf-8")

@@ -25,7 +25,7 @@ from .fields import make_tensors
 from .gcpause import gc_paused, gc_running
 from .stat_fast import statistics_compare
 from .pool import default_workers, run_pairs
-from .result import RULE_FIRST_DIFFERENCE, RULE_THRESHOLDS, CompareResult
+from .result import CompareResult, rule_of
 from .verdict import Thresholds, judge_metrics, judge_pair, judge_statistics
 
 __all__ = ["compare", "CompareError", "tensors_of_records"]
@@ -259,13 +259,7 @@ def compare(a: Union[str, os.PathLike, Dump], b: Union[str, os.PathLike, Dump], 
     same = bool(compared) and all(p.same_dtype for p in compared)
     fdiff, nondet_d = first_difference(pairs, sources) if same else (None, [])
     fdiv, nondet, params = first_divergence(pairs, sources)
-    if same:
-        rule, note = RULE_FIRST_DIFFERENCE, ("A and B hold the same dtypes: identical means bit-equal or within "
-                                             f"max({thresholds.same_rtol:g}, eps)·max|B|")
-    else:
-        mixed = sum(1 for p in compared if not p.same_dtype)
-        rule, note = RULE_THRESHOLDS, (f"dtypes differ in {mixed} of {len(compared)} compared pairs: "
-                                       "cosine and error thresholds decide")
+    rule, note = rule_of(same, sum(1 for p in compared if not p.same_dtype), len(compared), thresholds)
     result = _result(da, db, pairs, rank_pairs, all_it_pairs, thresholds, pd)
     result.first_divergence, result.diverged_parameters = fdiv, params
     result.nondeterministic_before = nondet_d if same and fdiff is not None else nondet

@@ -18,7 +18,7 @@ from ..common import is_garbage, is_random_op
 from .fields import make_tensors
 from .first import first_difference, first_divergence
 from .pairs import TABLE_COLUMNS, Pair, _shape_text, shape_from_text
-from .result import RULE_FIRST_DIFFERENCE, RULE_THRESHOLDS, CompareResult
+from .result import CompareResult, rule_of
 from .stat_columns import _VALUES, column_of_values, judge_columns
 
 __all__ = ["StatPairs", "finish_result"]
@@ -216,13 +216,7 @@ def finish_result(da, db, sp: StatPairs, rank_pairs, it_pairs, thresholds, sourc
     same = bool(compared) and all(c["same"][i] for i in compared)
     fdiff, nondet_d = _first_difference(sp, sources) if same else (None, [])
     fdiv, nondet, params = _first_divergence(sp, sources)
-    if same:
-        rule, note = RULE_FIRST_DIFFERENCE, ("A and B hold the same dtypes: identical means bit-equal or within "
-                                             f"max({thresholds.same_rtol:g}, eps)·max|B|")
-    else:
-        mixed = sum(1 for i in compared if not c["same"][i])
-        rule, note = RULE_THRESHOLDS, (f"dtypes differ in {mixed} of {len(compared)} compared pairs: "
-                                       "cosine and error thresholds decide")
+    rule, note = rule_of(same, sum(1 for i in compared if not c["same"][i]), len(compared), thresholds)
     matched_by: Dict[str, int] = {}
     for r in c["match"]:
         matched_by[r] = matched_by.get(r, 0) + 1
