@@ -229,3 +229,46 @@ def test_eager_in_place_write_after_record_keeps_the_recorded_value(tmp_path):
     files = tensor_files(str(tmp_path / "dump"))
     mul = [f for f in files if f.op_type == "mul" and f.io == "output"]
     assert mul and np.array_equal(mul[0].load(), (x * 3).numpy())
+
+
+class OutOfRange(nn.Module):
+    """Its forward raises an IndexError from an operator (the user's bug) after fc1 ran."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(64, 128)
+
+    def forward(self, x):
+        h = self.fc1(x)
+        return h[torch.tensor([1000])]
+
+
+def test_a_users_error_secures_the_held_tensors_before_user_code_runs(tmp_path):
+    """A dumped graph call that raises the user's error (it propagates, opdump/capture/graph/
+    errors.py) never reaches its end tap: its hold window is closed as the error leaves the
+    call, so the parameters held at its start are copied before the user's code writes them
+    (here: an update in place after catching the error); without that, the version net would
+    drop their files."""
+    torch._dynamo.reset()
+    cfg = write_config(tmp_path, common={"iteration": "0"},
+                       extra={"opdump_settings": {"writer_threads": 2}})
+    torch.manual_seed(0)
+    model = OutOfRange()
+    weight_at_call = model.fc1.weight.detach().clone()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with opdump.Session(cfg) as session:
+            compiled = torch.compile(model, backend=session.backend("eager"))
+            gate = _block(session.writer, 2)
+            with pytest.raises(IndexError):
+                compiled(torch.randn(8, 64))
+            with torch.no_grad():
+                model.fc1.weight.add_(1.0)          # user code, after catching the error
+            gate.set()
+            session.writer.flush()
+            holds = session.recorder.holds
+            assert holds.held > 0 and holds.secured > 0 and holds.dropped == 0
+    torch._dynamo.reset()
+    assert not [w for w in caught if "opdump" in str(w.message)]
+    params = {f.op_name: f for f in tensor_files(str(tmp_path / "dump")) if f.op_type == "Parameter"}
+    assert np.array_equal(params["fc1_weight"].load(), weight_at_call.numpy())

@@ -197,6 +197,8 @@ class GraphCapture:
                         return dump_fn(*args)
                     except Exception as exc:  # noqa: BLE001 - the dump's failure: run again below
                         if users_error(exc):
+                            for runtime in capture.runtimes:     # held tensors secured before user code runs
+                                runtime.call_raised()
                             raise                 # an operator of the user's program raised: theirs
                         capture.fail(exc, "a dumped call")
                 session.note_graph_ran(fid)

@@ -55,6 +55,15 @@ class GraphRuntime:
         if window is not None:
             self.recorder.holds.close(window)
 
+    def call_raised(self) -> None:
+        """The dumped call raised and the user's error propagates (.capture): its hold window
+        closes now, before any user code runs, as the end tap would have closed it."""
+        if self._window is not None and self.recorder is not None:
+            try:
+                self._close_window()
+            except Exception:  # noqa: BLE001 - the dump must never break the step
+                pass
+
     def detach(self) -> None:
         """Stop recording for good and drop every reference to the session (close or failure)."""
         self.folder = None
