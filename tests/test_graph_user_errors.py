@@ -317,3 +317,41 @@ def test_an_assertion_and_a_mutating_custom_op_in_the_graph_are_the_users(tmp_pa
     assert model.bumps.item() == 2.0                  # steps 0 and 3; the failed calls applied nothing
     assert [str(w.message) for w in caught if str(w.message).startswith("opdump")] == []
     assert {f.iteration for f in tensor_files(str(tmp_path / "dump"))} == {0, 1, 2, 3}
+
+
+class KernelIndex(nn.Module):
+    """An index the user got wrong at step 1: inductor's own bounds check raises."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x, idx):
+        return self.fc(x)[idx].sum()
+
+
+def test_kernel_dump_user_error_propagates_without_a_warning(tmp_path):
+    """``graph_dump: "kernels"``: an error raised by inductor's code of the user's program in a
+    dumped call is the user's too (compile.py marks it): no opdump warning, no re-run, and
+    the next iteration still dumps its kernels."""
+    torch._dynamo.reset()
+    cfg = write_config(tmp_path, common={"iteration": "all", "saved_data": "statistic"},
+                       extra={"opdump_settings": {"graph_dump": "kernels"}})
+    torch.manual_seed(0)
+    model = KernelIndex()
+    x = torch.randn(4, 8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with opdump.Session(cfg) as session:
+            compiled = torch.compile(model, backend=session.backend(), dynamic=False)
+            compiled(x, torch.tensor([0, 1]))
+            session.step()
+            with pytest.raises(RuntimeError, match="out of bounds"):
+                compiled(x, torch.tensor([0, 100]))
+            session.step()
+            compiled(x, torch.tensor([2, 3]))
+            session.step()
+    torch._dynamo.reset()
+    assert not [w for w in caught if "opdump" in str(w.message)], [str(w.message) for w in caught]
+    graph0 = os.path.join(str(tmp_path / "dump"), "rank_0", "Net", "0")
+    assert os.path.exists(os.path.join(graph0, "2", "statistic.csv"))

@@ -47,6 +47,7 @@ from .origins import FusedOp, Origins
 from .report import write_report
 from .wrapper import TAP, KernelCall, buffer_names, instrument_wrapper
 from ...format.dtypes import dtype_name
+from ...debug.exception import mark_raised_by_operator
 
 #: inductor settings of the dumped variant (only what it must change; the user's options are kept)
 DUMP_PATCHES = {"trace.provenance_tracking_level": 1, "fx_graph_cache": False, "triton.cudagraphs": False}
@@ -287,6 +288,11 @@ def _observe(capture, session, compiled, lowered: fx.GraphModule, kind: str, ori
         folder = runtime.folder
         try:
             return inner_call(args)
+        except Exception as exc:
+            # inductor's code of the user's program raised (the taps catch their own exceptions):
+            # the user's error, propagated unchanged by the graph dispatcher (capture/graph/errors.py)
+            mark_raised_by_operator(exc)
+            raise
         finally:
             runtime.end()
             comparison, comparing[0] = comparing[0], None
