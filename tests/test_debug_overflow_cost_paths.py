@@ -28,15 +28,17 @@ def test_which_in_place_operators_are_copied(op_type, overload, flagged, needed)
     assert needs_prewrite_copy(op_type, overload, flagged) is needed
 
 
-class _Clones(TorchDispatchMode):
-    """Counts ``clone`` calls that reach it: under opdump's mode, the watch's pre-write copies."""
+class _Counts(TorchDispatchMode):
+    """Counts the calls of one operator that reach it (under opdump's mode: the watch's own
+    work -- ``clone``: its pre-write copies, ``sum``: its fp32 flags)."""
 
-    def __init__(self):
+    def __init__(self, op):
         super().__init__()
+        self.op = op
         self.n = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten.clone.default:
+        if func is self.op:
             self.n += 1
         return func(*args, **(kwargs or {}))
 
@@ -51,7 +53,7 @@ class TwoWrites(nn.Module):
 
 def test_relu_in_place_is_not_copied_mul_in_place_is(tmp_path):
     cfg = write_config(tmp_path, common={"op_debug_mode": 3})
-    counter = _Clones()
+    counter = _Counts(torch.ops.aten.clone.default)
     with counter, opdump.Session(cfg) as session, EagerCapture(session):
         out = TwoWrites()(torch.randn(16))
         session.step()
@@ -131,19 +133,6 @@ def test_origin_overwritten_by_relu_in_place_keeps_its_output(tmp_path):
     assert np.array_equal(_load(files, name, "input", 0), h.numpy())
 
 
-class _Sums(TorchDispatchMode):
-    """Counts the ``sum`` reductions that reach it: under opdump's mode, the watch's fp32 flags."""
-
-    def __init__(self):
-        super().__init__()
-        self.n = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten.sum.default:
-            self.n += 1
-        return func(*args, **(kwargs or {}))
-
-
 class Chained(nn.Module):
     def forward(self, a):
         b = a + 0
@@ -154,7 +143,7 @@ class Chained(nn.Module):
 
 def test_chained_in_place_writes_reduce_each_value_once(tmp_path):
     cfg = write_config(tmp_path, common={"op_debug_mode": 3})
-    counter = _Sums()
+    counter = _Counts(torch.ops.aten.sum.default)
     with counter, opdump.Session(cfg) as session, EagerCapture(session):
         Chained()(torch.full((8,), 1.0))           # no overflow: nothing recorded, no statistic
         session.step()
@@ -194,7 +183,7 @@ class Steps(nn.Module):
 
 def test_pre_write_copies_are_reused_and_a_recorded_one_is_not(tmp_path):
     cfg = write_config(tmp_path, common={"op_debug_mode": 3})
-    counter = _Clones()
+    counter = _Counts(torch.ops.aten.clone.default)
     model = Steps()
     a = torch.full((64,), 1.0)
     with counter, opdump.Session(cfg) as session, EagerCapture(session):

@@ -3,7 +3,14 @@ statistics rows, and the debug modes' findings (exception records, watcher chang
 Exit code 0, 2 on error (an empty dump: nothing to analyse)."""
 from __future__ import annotations
 
+from opdump.analysis.whole_files import replace_whole
+
 from .analysis_commands import _err, _open, _pd_print, parse_iterations
+
+
+def _save_csv(df, path: str) -> None:
+    """``df`` as CSV at ``path``, written whole (like every analysis output)."""
+    replace_whole(path, lambda tmp: df.to_csv(tmp, index=False))
 
 
 def _human(n: float) -> str:
@@ -64,7 +71,7 @@ def cmd_ls(args) -> int:
                                  for f, l in zip(ops["file"], ops["line"])])
         cols = ["rank", "graph", "index", "kind", "op_type", "full_name", "source"]
         if args.csv:
-            ops.to_csv(args.csv, index=False)
+            _save_csv(ops, args.csv)
             print(f"wrote {len(ops)} operators to {args.csv}")
         else:
             _pd_print(ops[cols], args.limit)
@@ -80,7 +87,7 @@ def cmd_ls(args) -> int:
             cols = ["rank", "graph", "iteration", "op", "io", "slot", "dtype", "shape", "nbytes"] + (
                 ["source"] if args.paths else [])      # source: the path, or {bin file}:{io}.{slot}
         if args.csv:
-            df.to_csv(args.csv, index=False)
+            _save_csv(df, args.csv)
             print(f"wrote {len(df)} rows to {args.csv}")
         else:
             _pd_print(df[cols], args.limit)
@@ -98,7 +105,7 @@ def cmd_ls(args) -> int:
     total = int(summ["bytes"].sum())
     summ["size"] = [_human(b) for b in summ["bytes"]]
     if args.csv:
-        summ.to_csv(args.csv, index=False)
+        _save_csv(summ, args.csv)
         print(f"wrote the summary to {args.csv}")
     else:
         _pd_print(summ.drop(columns="bytes"), args.limit)
