@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, List, Optional
 import numpy as np
 
 from ..common import is_garbage, is_random_op
+from ..reader.records_columns import typed_array
 from .fields import make_tensors
 from .first import first_difference, first_divergence
 from .pairs import TABLE_COLUMNS, Pair, _shape_text, shape_from_text
@@ -192,13 +193,21 @@ def _table(sp: StatPairs, pd):
         "dtype_a": c["dtype_a"], "dtype_b": c["dtype_b"], "shape_a": c["shape_a"], "shape_b": c["shape_b"],
         "source": c["source"], "path_a": none, "path_b": none}
     cols = {}
+    typed = {}
     for k in TABLE_COLUMNS:
         v = data.get(k, none)
+        arr = typed_array(v) if n else None          # one of int/float/bool: infer_objects' array
+        if arr is not None:
+            typed[k] = arr
+            continue
         arr = np.empty(n, dtype=object)
         arr[:] = v
         cols[k] = arr
     # the per-row stages build the frame from rows of Python objects: the same inference
-    table = pd.DataFrame(cols, columns=TABLE_COLUMNS).infer_objects()
+    table = pd.DataFrame(cols, columns=[k for k in TABLE_COLUMNS if k in cols]).infer_objects()
+    for k, arr in typed.items():
+        table[k] = arr
+    table = table[list(TABLE_COLUMNS)]
     table["order"] = range(len(table))
     for k in ("iteration", "iteration_b"):
         table[k] = pd.array(c[k], dtype="Int64")

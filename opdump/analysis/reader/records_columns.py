@@ -25,7 +25,7 @@ from ...format.names import op_type_of
 from .names_cache import sanitize
 from .stat_table import StatRows
 
-__all__ = ["frame_of_columns", "exec_index_columns"]
+__all__ = ["frame_of_columns", "exec_index_columns", "typed_array"]
 
 _NAN = float("nan")
 
@@ -141,10 +141,31 @@ def exec_index_columns(kinds: List[str], op_files: List[str], calls: List[int], 
     return out
 
 
+_TYPED = {int: "int64", float: "float64", bool: "bool"}
+
+
+def typed_array(cells: List[Any]):
+    """``cells`` as pandas' ``convert_object_array`` converts them when they are all of one
+    type among int (int64 when every one fits), float and bool -- the same array built
+    directly; None for any other column (converted by pandas)."""
+    import numpy as np
+    types = set(map(type, cells))
+    if len(types) != 1:
+        return None
+    dt = _TYPED.get(next(iter(types)))
+    if dt is None:
+        return None
+    try:
+        return np.array(cells, dtype=dt)
+    except OverflowError:                  # an int beyond int64: pandas decides (uint64, object)
+        return None
+
+
 def _frame(parts: List[Tuple[int, Dict[str, List[Any]]]]):
     """One DataFrame of the folders' columns, converted as ``pandas.DataFrame(list of dicts)``
     converts: columns in first-seen order, a key a folder lacks NaN there, each column's
-    objects through pandas' ``convert_object_array``."""
+    objects through pandas' ``convert_object_array`` (one type of int/float/bool: the same
+    array built directly, :func:`typed_array`)."""
     import numpy as np
     import pandas as pd
     from pandas.core.internals.construction import convert_object_array
@@ -152,18 +173,25 @@ def _frame(parts: List[Tuple[int, Dict[str, List[Any]]]]):
     for _, cols in parts:
         for k in cols:
             order.setdefault(k, None)
-    total = sum(n for n, _ in parts)
+    out: Dict[str, Any] = {}
+    generic: List[str] = []
     arrays = []
     for k in order:
-        arr = np.empty(total, dtype=object)
-        at = 0
+        cells: List[Any] = []
         for n, cols in parts:
             c = cols.get(k)
             if c is None:
-                arr[at:at + n] = _NAN
+                cells.extend([_NAN] * n)
             else:
-                arr[at:at + n] = c
-            at += n
-        arrays.append(arr)
-    converted = convert_object_array(arrays, dtype=None)
-    return pd.DataFrame(dict(zip(order, converted)), copy=False)
+                cells.extend(c)
+        arr = typed_array(cells)
+        if arr is not None:
+            out[k] = arr
+            continue
+        obj = np.empty(len(cells), dtype=object)
+        obj[:] = cells
+        generic.append(k)
+        arrays.append(obj)
+    if arrays:
+        out.update(zip(generic, convert_object_array(arrays, dtype=None)))
+    return pd.DataFrame({k: out[k] for k in order}, copy=False)
