@@ -17,6 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ...debug.overflow import needs_prewrite_copy
 from ..naming import backward_scope
 from ..op_info import OpInfo
+from .collectives import collectives_of
 from .schema import facts_of
 from .scopes import _scope_of
 from .sources import walk
@@ -200,7 +201,8 @@ class OperatorPath:
         if dump_out or describe:
             outputs = tensors_at(args, kwargs, facts.mutated) if facts.mutated else output_slots(out)
             if dump_out:
-                if outputs:
+                # a collective's outputs: recorded when its work completes (.collectives)
+                if outputs and not (facts.collective and collectives_of(self).defer(state, op, out, args, outputs)):
                     recorder.record_all(state.folder or self._folder(state), op, "output",
                                         self._on_allowed_devices(outputs))
                 if written:

@@ -135,6 +135,7 @@ class EagerCapture(OperatorPath):
         # outputs of the last in-place operator whose recorded version must catch up with
         # autograd's bump (see Recorder.settle), settled when the next operator arrives
         self._unsettled: List[torch.Tensor] = []
+        self._collectives = None        # torch.distributed collectives, made at the first (.collectives)
         self._selected: Dict[str, bool] = {}
         # op_debug_mode 3: operators go to the overflow watch, recorded only if they overflow
         self._overflow = None
@@ -228,6 +229,8 @@ class EagerCapture(OperatorPath):
         state, self._state = self._state, None
         if state is not None:
             self._finish(state)
+        if self._collectives is not None:           # works completed late; the rest are dropped
+            self._collectives.close()
 
     def __enter__(self) -> "EagerCapture":
         return self.start()
@@ -273,6 +276,8 @@ class EagerCapture(OperatorPath):
         self._unsettled = []
         self._internal += 1
         try:
+            if self._collectives is not None:       # outputs of completed collectives, collectives.json
+                self._collectives.finish(state.number)
             if self._overflow is not None:
                 self._watched = state
                 self._overflow.finish(state.number)
