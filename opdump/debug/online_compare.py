@@ -21,6 +21,18 @@ the others are dropped.
 
 The first divergence of the run is printed on stderr at once (one line: iteration,
 operator, source line, metrics); each iteration folder gets ``online_compare.json``.
+
+Where the difference began: when run and reference hold the same dtypes (the offline
+compare's condition for its first-difference rule), the run's **first difference** (offline
+:func:`~opdump.analysis.compare.first.first_difference`: the earliest operator call with a
+tensor that is not identical, ``warning`` verdicts included) is kept from the batch where it
+appears.  A later first divergence is reported with it as its ``origin``, and its cause says
+so: a small difference (an inline bf16 cast: ``warning`` verdicts only) that grows over the
+following operators or steps until some later operator -- often an innocent one, the
+optimizer's update -- crosses the divergence thresholds is blamed on where it began, not on
+that later operator.  When the origin's differing input equals, statistic for statistic, the
+output of an earlier operator that only the run has (unmatched: the inserted cast), that
+operator is named as its ``producer``.
 With ``stop_on_divergence`` the run stops at the next iteration boundary (the optimizer
 step, or ``Session.step()``) by raising :class:`DivergenceStop` there -- a
 ``BaseException``, so the script's ``except Exception`` does not swallow it; ``opdump run``
@@ -44,7 +56,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..analysis.compare.first import first_divergence
+from ..analysis.compare.first import first_difference, first_divergence
 from ..analysis.compare.match import default_matchers, match
 from ..analysis.compare.pairs import METRIC_COLUMNS, Pair, Tensor
 from ..analysis.compare.verdict import Thresholds, judge_metrics, judge_pair
@@ -86,8 +98,23 @@ def describe(info: Dict[str, Any]) -> str:
     vals = ", ".join(f"{k}={m[k]:.6g}" if isinstance(m[k], float) else f"{k}={m[k]}"
                      for k in ("cosine", "max_abs_err", "max_rel_err", "stat_max_rel_diff") if k in m)
     src = info.get("source") or "source unknown"
-    return (f"iteration {info.get('iteration')}, {info.get('op')} ({src}), {info.get('io')}.{info.get('slot')}: "
+    line = (f"iteration {info.get('iteration')}, {info.get('op')} ({src}), {info.get('io')}.{info.get('slot')}: "
             f"{info.get('reason')}" + (f" [{vals}]" if vals else ""))
+    origin = info.get("origin")
+    if origin:
+        line += f"; the difference began earlier: {describe_origin(origin)}"
+    return line
+
+
+def describe_origin(origin: Dict[str, Any]) -> str:
+    """Where the run's first difference appeared (and the run-only operator it came from)."""
+    text = (f"iteration {origin.get('iteration')}, {origin.get('op')} "
+            f"({origin.get('source') or 'source unknown'}), {origin.get('io')}.{origin.get('slot')}")
+    prod = origin.get("producer")
+    if prod:
+        text += (f", from {prod.get('op')} ({prod.get('source') or 'source unknown'}), "
+                 "an operator the reference does not have")
+    return text
 
 
 def _cell(text: str, kind: str) -> Any:
@@ -122,6 +149,7 @@ class _Folder:
         self.verdicts: Counter = Counter()
         self.unmatched = 0
         self.first: Optional[Dict[str, Any]] = None
+        self.origin: Optional[Dict[str, Any]] = None
         self.diverged: List[Dict[str, Any]] = []
         self.saved: List[str] = []
         self.errors: List[str] = []
@@ -140,6 +168,8 @@ class OnlineCompare:
         self.matchers = default_matchers()
         self.tensor_mode = cfg.dump_tensors           # "full": tensors compared where the reference has them
         self.first: Optional[Dict[str, Any]] = None   # the run's first divergence
+        self.origin: Optional[Dict[str, Any]] = None  # the run's first difference (module doc)
+        self._origin_rule = True                      # False once a pair holds different dtypes
         self.stop_pending = False
         self._held: Dict[Tuple[str, int], _Held] = {}
         self._held_bytes = 0
@@ -247,11 +277,18 @@ class OnlineCompare:
         for t in live:
             if t.call_key in diverging:
                 self._save(folder, st, t.row["timestamp"])
+        self._find_origin(st, pairs)
         info = first_divergence(pairs, self._source_of)[0] if diverging else None
         if info is not None:
             first = next(p for p in pairs if p.verdict == "diverged" and p.a.kind == "op")   # the one it names
             info["metrics"] = _metrics(first)
             info["reference"] = str(self.reference.path)
+            origin = self.origin
+            if origin is not None and (origin["iteration"], origin["op"]) != (info["iteration"], info["op"]):
+                info["origin"] = origin
+                info["cause_here"] = info.get("cause")      # the rule's reading of this batch alone
+                info["cause"] = ("the difference began earlier, below the divergence thresholds, at "
+                                 + describe_origin(origin) + "; here it crossed them")
             if st.first is None:
                 st.first = info
             if self.first is None:
@@ -259,6 +296,48 @@ class OnlineCompare:
                 print(f"opdump: first divergence from the reference: {describe(info)}", file=sys.stderr, flush=True)
                 if self.config.stop_on_divergence:
                     self.stop_pending = True
+
+    def _find_origin(self, st: _Folder, pairs: List[Pair]) -> None:
+        """Keep the run's first difference (module doc), from the first batch that has one."""
+        if self.origin is not None or not self._origin_rule:
+            return
+        compared = [p for p in pairs if p.b is not None and (p.identical is not None or p.verdict not in
+                                                             (None, "unmatched", "unreadable"))]
+        if any(not p.same_dtype for p in compared):
+            self._origin_rule = False          # the offline compare's condition: first divergence only
+            return
+        if not any(p.identical is False for p in compared):
+            return
+        info = first_difference(pairs, self._source_of)[0]
+        if info is None:
+            return
+        if info.get("io") == "input":
+            info["producer"] = self._producer(pairs, info)
+        info = {k: v for k, v in info.items() if v is not None and k not in ("path_a", "path_b")}
+        self.origin = st.origin = info
+
+    def _producer(self, pairs: List[Pair], info: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+        """The latest earlier operator only the run has whose output holds exactly the
+        statistics of the origin's differing input (the inserted cast), or None."""
+        target = next((p.a for p in pairs if p.a.kind == "op" and p.a.op == info["op"] and p.a.io == "input"
+                       and p.a.slot == info["slot"]), None)
+        if target is None:
+            return None
+        keys = [c.key for c in CATEGORIES.values() if c.kind in ("element", "computed") and c.key in target.row]
+
+        def stats(t: Tensor):
+            vals = tuple(t.row.get(k) for k in keys)
+            return None if any(v is None or v != v for v in vals) else vals
+        want = stats(target)
+        if want is None:
+            return None
+        for p in reversed(pairs):
+            a = p.a
+            if (p.b is None and a.kind == "op" and a.io == "output" and a.order < target.order
+                    and a.dtype == target.dtype and stats(a) == want):
+                src, code = self._source_of(p)
+                return {"op": a.op, "op_type": a.op_type, "slot": a.slot, "source": src, "code": code}
+        return None
 
     def _live(self, st: _Folder, row: tuple, joined: List[str]) -> Tensor:
         """A queued statistics row as the record ``opdump compare`` reads back from statistic.csv."""
@@ -343,6 +422,7 @@ class OnlineCompare:
                     "complete": not st.errors, "errors": st.errors[:5],
                     "compared": sum(n for v, n in st.verdicts.items() if v != "unmatched"),
                     "verdicts": dict(sorted(st.verdicts.items())), "first_divergence": st.first,
+                    "first_difference": st.origin,
                     "diverged": st.diverged, "saved_files": st.saved}
             try:
                 layout = self.session.layout
