@@ -25,6 +25,7 @@ import pytest
 import torch
 import torch.nn as nn
 from torch.profiler import ProfilerActivity, profile
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import opdump
 from opdump.analysis.reader import open_dump, op_type_of, scope_of
@@ -326,3 +327,67 @@ def test_dump_lists_the_operators_plain_eager_runs(tmp_path, build):
     expected = ["_record_function_exit"] + expected[:-1]
     assert types(names) == expected
     assert "detach" in expected          # AccumulateGrad's stay
+
+
+class _Forward(TorchDispatchMode):
+    """A user's own dispatch mode: forwards every call (through the dispatcher)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("where", ["below", "above"])
+def test_alongside_a_user_mode(tmp_path, where):
+    """With another dispatch mode on the stack.  Entered before the capture (below it): the
+    dump is plain eager's -- the mode-only detach calls reach opdump's mode first, and what
+    the user's mode does with a call after opdump forwarded it is below the capture, as
+    for every operator.  Entered after (above it): the user's mode is handed those detach
+    calls first and re-issues them through the dispatcher -- real calls of the program
+    (the profiler of plain eager with the user's mode sees them too), so they are dumped."""
+    torch.manual_seed(0)
+    model, x = LinRelu(), torch.randn(4, 3)
+
+    def run():
+        if where == "above":
+            with _Forward():
+                _step(model, x)
+        else:
+            _step(model, x)
+
+    if where == "below":
+        with _Forward():
+            names = dump_ops(tmp_path, run)
+    else:
+        names = dump_ops(tmp_path, run)
+    plain = ["t", "addmm", "relu", "sum", "ones_like", "expand", "threshold_backward",
+             "t", "mm", "t", "sum", "view", "detach", "t", "detach"]
+    if where == "below":
+        assert types(names) == plain
+    else:
+        assert types(names) == plain[:3] + ["detach"] + plain[3:6] + ["detach"] + plain[6:]
+        torch.manual_seed(0)
+        reference = LinRelu()
+        with_user_mode = plain_eager_ops(lambda: _in_mode(reference, x))
+        assert sorted(types(names)) == sorted(with_user_mode)   # the same calls (the profiler nests
+        # the re-issued detach inside relu's event, so its position there is not the mode's)
+
+
+def _in_mode(model, x):
+    with _Forward():
+        _step(model, x)
+
+
+def test_torch_func_grad(tmp_path):
+    """``torch.func.grad`` (functorch's grad transform: autograd at an inner level): the
+    saved relu output is no operator there either."""
+    torch.manual_seed(0)
+    model, x = LinRelu(), torch.randn(4, 3)
+    params = dict(model.named_parameters())
+
+    def run():
+        torch.func.grad(lambda p, x: torch.func.functional_call(model, p, (x,)).sum())(params, x)
+
+    names = dump_ops(tmp_path, run)
+    assert types(names) == ["t", "addmm", "relu", "sum", "ones_like", "expand", "threshold_backward",
+                            "t", "mm", "t", "sum", "view", "t"]
+    assert types(names) == plain_eager_ops(run)
