@@ -311,3 +311,48 @@ def test_opdump_run_with_a_bad_reference_exits_2(runs, tmp_path):
     r = subprocess.run([sys.executable, "-m", "opdump", "run", "--config", str(cfg), str(runs["root"] / "model.py")],
                        cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "opdump_settings.reference" in r.stderr and "finished" not in r.stdout
+
+
+# An inline bf16 round trip of one activation (only in the run, not in the fp32 reference):
+# step 0 gives only ``warning`` verdicts; with a large learning rate the small difference grows
+# and crosses the divergence thresholds at a later operator in step 1 (of 3) -- which the first
+# divergence alone would blame ("inputs match, output differs: this operator computes
+# differently").  The report must lead back to the cast.
+CAST_SCRIPT = SCRIPT.replace(
+    "        x = self.fc2(x) * SCALE\n",
+    "        x = self.fc2(x) * SCALE\n"
+    "        if os.environ.get('BF16') == '1':\n"
+    "            x = x.to(torch.bfloat16).to(torch.float32)\n").replace("lr=0.1", "lr=2.0")
+CAST_LINE = CAST_SCRIPT.splitlines().index("            x = x.to(torch.bfloat16).to(torch.float32)") + 1
+
+
+@pytest.fixture(scope="session")
+def cast_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("online_cast")
+    (root / "model.py").write_text(CAST_SCRIPT)
+    r = _run(root, "ref", steps=3)
+    assert r.returncode == 0, r.stderr
+    cfg = _config(root / "b.json", root / "b", reference=str(root / "ref"))
+    env = dict(os.environ, STEPS="3", BF16="1")
+    b = subprocess.run([sys.executable, "-m", "opdump", "run", "--config", str(cfg), str(root / "model.py")],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert b.returncode == 0, b.stderr
+    return root, b
+
+
+def test_divergence_after_warnings_leads_back_to_the_inline_cast(cast_runs):
+    root, b = cast_runs
+    reports = _reports(root / "b")
+    assert "diverged" not in reports[0]["verdicts"] and reports[0]["verdicts"]["warning"] > 0
+    assert reports[0]["first_divergence"] is None
+    first = reports[1]["first_divergence"]
+    assert first is not None and first["iteration"] == 1        # a later operator crossed the thresholds
+    origin = first["origin"]
+    assert origin["iteration"] == 0 and origin["io"] == "input"
+    producer = origin["producer"]
+    assert producer["op_type"] == "_to_copy" and producer["source"].endswith(f"model.py:{CAST_LINE}")
+    assert producer["code"] == "x = x.to(torch.bfloat16).to(torch.float32)"
+    assert first["cause"].startswith("the difference began earlier")
+    assert reports[0]["first_difference"]["producer"] == producer
+    lines = [ln for ln in b.stderr.splitlines() if "first divergence" in ln]
+    assert len(lines) == 1 and f"model.py:{CAST_LINE})" in lines[0], b.stderr
