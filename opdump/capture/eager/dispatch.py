@@ -49,8 +49,6 @@ def observation_only(func) -> bool:
     return func is _DETACH and not _excluded(_AD_INPLACE_OR_VIEW)
 
 
-
-
 class _DumpMode(TorchDispatchMode):
     """The dispatch mode; everything but the not-dumping fast path is in :class:`~.mode.EagerCapture`."""
 
