@@ -47,7 +47,18 @@ def _worker(rank, world, store_file, cfg, out_dir):
             store.set("rank0_returned", "1")
         work.wait()
         t.mul_(1.0)                                           # an operator reading the result
-        opt.step()
+        # a third all-reduce that rank 0 does not wait for in this iteration: rank 1 joins only
+        # once rank 0's iteration 0 has ended, so it completes in rank 0's next iteration
+        u = torch.full((3,), float(rank + 1))
+        if rank == 0:
+            late = dist.all_reduce(u, async_op=True)
+            opt.step()                                        # iteration 0 ends, the work still runs
+            store.set("rank0_iteration0_done", "1")
+            late.wait()
+        else:
+            store.wait(["rank0_iteration0_done"])
+            dist.all_reduce(u, async_op=True).wait()
+            opt.step()
         opt.zero_grad()
     torch.save({"grads": grads, "reduced": t}, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.barrier()
@@ -80,8 +91,8 @@ def test_allreduce_outputs_are_the_reduced_tensors(collective_dump):
     ar = _by_op(tensor_files(str(dump)), "allreduce_")
     assert set(ar) == {0, 1}
     names = sorted(ar[0], key=lambda n: int(n.rsplit("-op", 1)[1]))
-    assert names == sorted(ar[1], key=lambda n: int(n.rsplit("-op", 1)[1])) and len(names) == 2
-    ddp, explicit = names                       # DDP's bucket (backward), then the explicit call
+    assert names == sorted(ar[1], key=lambda n: int(n.rsplit("-op", 1)[1])) and len(names) == 3
+    ddp, explicit, late = names                 # DDP's bucket (backward), then the explicit calls
     assert ddp.startswith("Gradients_")           # (file-name form of Gradients/…)
     # the explicit all-reduce: sum over ranks of the inputs, on both ranks
     expected = sum(_explicit_input(r) for r in range(WORLD)).numpy()
@@ -98,6 +109,10 @@ def test_allreduce_outputs_are_the_reduced_tensors(collective_dump):
         grads = np.sort(np.concatenate([g.numpy().ravel() for g in saved[r]["grads"]]))
         np.testing.assert_array_equal(np.sort(ar[r][ddp][("output", 0)].ravel()), grads)
     np.testing.assert_array_equal(ar[0][ddp][("output", 0)], ar[1][ddp][("output", 0)])
+    # completed after rank 0's iteration 0 had ended: recorded then, in iteration 0's folder
+    for r in range(WORLD):
+        np.testing.assert_array_equal(ar[r][late][("input", 0)], np.full(3, r + 1, np.float32))
+        np.testing.assert_array_equal(ar[r][late][("output", 0)], np.full(3, 3.0, np.float32))
 
 
 def test_collectives_json_says_complete(collective_dump):
@@ -108,7 +123,9 @@ def test_collectives_json_says_complete(collective_dump):
         doc = json.loads(path.read_text())
         assert doc["iteration"] == 0
         assert [(c["op_type"], c["complete"], c["replicated"], c["group_size"], c["world_size"])
-                for c in doc["collectives"]] == [("allreduce_", True, True, 2, 2)] * 2
+                for c in doc["collectives"]] == [("allreduce_", True, True, 2, 2)] * 3
+        # rank 0 ended iteration 0 before its third all-reduce completed: recorded late
+        assert [c.get("late", False) for c in doc["collectives"]] == [False, False, doc["rank"] == 0]
 
 
 def test_rank_check_judges_the_collective_outputs(collective_dump):
@@ -116,7 +133,7 @@ def test_rank_check_judges_the_collective_outputs(collective_dump):
     dump, _ = collective_dump
     rep = check_ranks(dump, progress=False)
     assert rep.consistent, rep.summary()
-    assert rep.collectives == 2            # the two all-reduce outputs were compared, and agree
+    assert rep.collectives == 3            # the three all-reduce outputs were compared, and agree
 
 
 def test_rank_check_names_a_collective_output_that_differs(collective_dump, tmp_path):

@@ -23,8 +23,9 @@ Guarantees (mode-0 dumps):
   the program does not do itself.
 * **Not complete at the iteration's end** (the program never waited for it in that
   iteration): its outputs are recorded when the work completes, at a later iteration's end or
-  when the capture stops, in the iteration folder of the call; one whose work never completes
-  before the capture stops has no output files.
+  when the capture stops, in the iteration folder of the call (``late: true`` in
+  ``collectives.json``); one whose work never completes before the capture stops has no
+  output files (``complete: false``, one warning).
 * Each dumped iteration that ran a collective gets ``collectives.json`` in its folder (written
   whole, rewritten when a late work completes): per collective its name, type, order, group
   size and world size, whether its outputs must agree across the group's ranks
@@ -115,10 +116,12 @@ def _group_sizes(args) -> Tuple[Optional[int], Optional[int]]:
 class _Call:
     """One collective call of a dumped iteration."""
 
-    __slots__ = ("op", "folder", "iteration", "entry", "tensors")
+    __slots__ = ("op", "folder", "iteration", "entry", "tensors", "future", "ready")
 
     def __init__(self, op, folder: str, iteration: int, entry: Dict[str, Any], tensors):
         self.op, self.folder, self.iteration, self.entry, self.tensors = op, folder, iteration, entry, tensors
+        self.future = None
+        self.ready = threading.Event()       # set once the completion callback has run
 
 
 class Collectives:
@@ -134,6 +137,7 @@ class Collectives:
         self._calls: Dict[int, List[_Call]] = {}          # iteration -> its calls (for collectives.json)
         self._folders: Dict[int, str] = {}
         self._stale: set = set()                          # iterations whose json must be rewritten
+        self._ended: set = set()                          # iterations finished with calls pending
         self._lock = threading.Lock()
         self._closed = False
 
@@ -163,6 +167,7 @@ class Collectives:
                 entry["complete"] = True
                 call.tensors = None
                 return False
+            call.future = fut
             fut.then(lambda _f, call=call: self._completed(call))
             return True
         except Exception:                      # noqa: BLE001 - never into the training code
@@ -181,6 +186,8 @@ class Collectives:
             call.tensors = None
             recorder.record_all(call.folder, call.op, "output", cap._on_allowed_devices(copies))
             call.entry["complete"] = True
+            if call.iteration in self._ended:
+                call.entry["late"] = True      # completed after its iteration had ended
             self._stale.add(call.iteration)
 
     def finish(self, iteration: Optional[int]) -> None:
@@ -188,6 +195,7 @@ class Collectives:
         iteration's ``collectives.json`` and rewrite those of earlier iterations whose works
         completed late; forget iterations with nothing pending."""
         try:
+            self._settle_completed()
             self.drain()
             if iteration in self._calls:
                 self._stale.add(iteration)
@@ -197,8 +205,20 @@ class Collectives:
             for it in [i for i, calls in self._calls.items() if all(c.tensors is None for c in calls)]:
                 del self._calls[it]
                 self._folders.pop(it, None)
+                self._ended.discard(it)
+            self._ended.update(self._calls)
         except Exception:                      # noqa: BLE001 - never into the training code
             pass
+
+    def _settle_completed(self) -> None:
+        """A future marks itself complete (waking whoever waits on it) before it runs its
+        callbacks: for a work already complete, let its callback (which needs no further
+        communication) finish taking its copy -- at most a second, never a wait for a work
+        still running."""
+        for calls in self._calls.values():
+            for c in calls:
+                if c.tensors is not None and c.future is not None and c.future.done():
+                    c.ready.wait(1.0)
 
     def close(self) -> None:
         """The capture stops: late completions are recorded; later ones are dropped."""
@@ -238,6 +258,8 @@ class Collectives:
                 self._done.append((call, copies))
         except BaseException:                  # noqa: BLE001 - complete stays false
             pass
+        finally:
+            call.ready.set()
 
 
 def collectives_of(capture) -> Collectives:
