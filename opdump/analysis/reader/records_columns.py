@@ -202,14 +202,17 @@ def typed_array(cells: List[Any]):
     type among int (int64 when every one fits), float and bool -- the same array built
     directly; None for any other column (converted by pandas)."""
     import numpy as np
+    if not cells:
+        return None
+    first = type(cells[0])
+    dt = _TYPED.get(first)
+    if dt is None:
+        return None                        # a column of text (or mixed): pandas decides
     types = set(map(type, cells))
     if len(types) != 1:
         return None
-    dt = _TYPED.get(next(iter(types)))
-    if dt is None:
-        return None
     try:
-        return np.array(cells, dtype=dt)
+        return np.fromiter(cells, dtype=dt, count=len(cells))
     except OverflowError:                  # an int beyond int64: pandas decides (uint64, object)
         return None
 
