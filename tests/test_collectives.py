@@ -152,3 +152,40 @@ def test_rank_check_names_a_collective_output_that_differs(collective_dump, tmp_
     assert not rep.consistent
     n = target.op_name.rsplit("-op", 1)[1]
     assert [(d.op, d.io, d.slot) for d in rep.differences] == [(f"Default/allreduce_-op{n}", "output", 0)]
+
+
+def _graph_worker(rank, world, store_file, cfg):
+    dist.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank, world_size=world)
+    import opdump
+    import torch.distributed._functional_collectives as funcol
+
+    class Reduce(torch.nn.Module):
+        def forward(self, x):
+            return funcol.all_reduce(x * 1.0, "sum", dist.group.WORLD) * 2
+
+    with opdump.Session(cfg) as session:
+        compiled = torch.compile(Reduce(), backend=session.backend("eager"))
+        compiled(_explicit_input(rank))
+        session.step()
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def test_graph_mode_wait_tensor_holds_the_reduced_tensor(tmp_path):
+    """Graph mode (functional collectives: ``_c10d_functional.all_reduce`` + ``wait_tensor``):
+    the tensor dumped for ``wait_tensor`` is the reduced one, on every rank.  (The
+    ``all_reduce`` node's output -- the same buffer, ``wait_tensor``'s input -- is dumped as
+    the node returned it: before or after the reduction, by timing; not asserted.)"""
+    cfg = write_config(tmp_path, common={"iteration": "0"})
+    mp.spawn(_graph_worker, args=(WORLD, str(tmp_path / "rendezvous"), cfg), nprocs=WORLD, join=True)
+    expected = sum(_explicit_input(r) for r in range(WORLD)).numpy()
+    files = tensor_files(str(tmp_path / "dump"))
+    waits = {f.rank: f.load() for f in files if f.op_type == "wait_tensor" and f.io == "output"}
+    assert set(waits) == {0, 1}
+    for r in range(WORLD):
+        np.testing.assert_array_equal(waits[r], expected)
+    assert {f.rank for f in files if f.op_type == "all_reduce"} == {0, 1}
+    assert not list((tmp_path / "dump").rglob("collectives.json"))     # eager capture only
