@@ -95,6 +95,8 @@ UNDER_A_MODE = {
                          "(torch.tensor() calls it on its result)",
     "empty, to before lift_fresh (dropped)": "torch.tensor() builds its data with the Python key excluded; "
                                              "a mode is handed only lift_fresh",
+    # not rewritten here (no model makes a parameter in its step): test_parameter_made_in_the_step
+    "detach of nn.Parameter(t)": "_make_subclass detaches t with the dispatch modes stashed",
 }
 
 
@@ -391,3 +393,49 @@ def test_torch_func_grad(tmp_path):
     assert types(names) == ["t", "addmm", "relu", "sum", "ones_like", "expand", "threshold_backward",
                             "t", "mm", "t", "sum", "view", "t"]
     assert types(names) == plain_eager_ops(run)
+
+
+class _Checkpointed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(3, 3)
+        self.blk = nn.Sequential(nn.Linear(3, 3), nn.Tanh())
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+        return checkpoint(self.blk, self.a(x), use_reentrant=False)
+
+
+def test_activation_checkpointing(tmp_path):
+    """Non-reentrant activation checkpointing: ``blk`` is recomputed in the backward.  The
+    checkpoint's pack hook calls ``x.detach()`` on what the recomputation saves (addmm's
+    two inputs, tanh's output): real dispatcher calls, dumped.  Known difference to the
+    oracle, exactly those three: the profiler nests them inside ``addmm``/``tanh`` without
+    a sequence number, where the oracle cannot tell a saved-tensor hook's call from a
+    kernel's own (which the mode never sees)."""
+    torch.manual_seed(0)
+    model, x = _Checkpointed(), torch.randn(2, 3)
+    names = dump_ops(tmp_path, lambda: _step(model, x))
+    recompute = ["t", "detach", "detach", "addmm", "tanh", "detach"]
+    forward = ["t", "addmm", "t", "addmm", "tanh", "sum", "ones_like", "expand"]
+    got = types(names)
+    torch.manual_seed(0)
+    reference = _Checkpointed()
+    expected = plain_eager_ops(lambda: _step(reference, x), as_under_a_mode=True)
+    start = len(forward)
+    assert got[:start] == expected[:start] == forward
+    assert got[start:start + len(recompute)] == recompute                  # the recomputation
+    assert expected[start:start + 3] == ["t", "addmm", "tanh"]               # its detach calls nested
+    assert got[start + len(recompute):] == expected[start + 3:]             # the rest: equal
+    assert got[start + len(recompute)] == "tanh_backward"                    # no unpack detach before it
+
+
+def test_parameter_made_in_the_step(tmp_path):
+    """``nn.Parameter(t)`` detaches ``t`` with every dispatch mode stashed
+    (``_make_subclass``): no mode is handed that detach.  Known difference, exactly it."""
+    def run():
+        nn.Parameter(torch.ones(2))
+
+    names = dump_ops(tmp_path, run)
+    assert types(names) == ["ones"]
+    assert plain_eager_ops(run) == ["ones", "detach"]
