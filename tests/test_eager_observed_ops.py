@@ -439,3 +439,54 @@ def test_parameter_made_in_the_step(tmp_path):
     names = dump_ops(tmp_path, run)
     assert types(names) == ["ones"]
     assert plain_eager_ops(run) == ["ones", "detach"]
+
+
+# ---------------------------------------------------------------------- the debug modes
+def _debug_order(cfg_path, run) -> List[str]:
+    with opdump.Session(cfg_path) as session, EagerCapture(session):
+        run()
+    dump = open_dump(os.path.join(os.path.dirname(cfg_path), "dump"))
+    (it,) = [i for i in dump.ranks[0].iterations if i.graph == 0]
+    return list(it.execution_order)
+
+
+@pytest.mark.parametrize("mode", ["overflow", "watcher"])
+def test_debug_modes_are_handed_the_same_operators(tmp_path, mode):
+    """The overflow watch and the watcher are handed the operators after the filter: their
+    iteration's execution order is the plain dump's (no detach after relu)."""
+    from conftest import write_config
+    if mode == "overflow":
+        cfg = write_config(tmp_path, {"op_debug_mode": 3, "iteration": "0"})
+    else:
+        cfg = write_config(tmp_path, {"input_output": 2, "iteration": "0"}, e2e={"watcher": {"watcher_nodes": ["relu"]}})
+    torch.manual_seed(0)
+    model, x = LinRelu(), torch.randn(4, 3)
+    names = _debug_order(cfg, lambda: model(x).sum().backward())      # "model" capture: no sum/ones_like
+    assert types(names) == ["t", "addmm", "relu", "expand", "threshold_backward",
+                            "t", "mm", "t", "sum", "view", "detach", "t", "detach"]
+
+
+class _RaisesAfterRelu(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 2)
+
+    def forward(self, x):
+        return torch.mm(torch.relu(self.lin(x)), torch.ones(5, 5))       # 4x2 @ 5x5: raises
+
+
+def test_exception_dump_numbers_operators_as_the_dump_does(tmp_path):
+    """op_debug_mode 4 names the operator that raised with the same N as a plain dump:
+    relu's saved output is no operator, so the raising mm is op5 after randn, t, addmm, relu
+    and ones (op6 before the filter: a detach after relu)."""
+    import json
+    from conftest import write_config
+    cfg = write_config(tmp_path, {"op_debug_mode": 4})
+    torch.manual_seed(0)
+    model = _RaisesAfterRelu()
+    with opdump.Session(cfg) as session, EagerCapture(session):
+        with pytest.raises(RuntimeError):
+            model(torch.randn(4, 3))
+    (path,) = (tmp_path / "dump").rglob("exception.json")
+    (record,) = json.loads(path.read_text())["exceptions"]
+    assert record["op"] == "Default/_RaisesAfterRelu/mm-op5"
