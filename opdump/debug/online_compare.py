@@ -22,17 +22,11 @@ the others are dropped.
 The first divergence of the run is printed on stderr at once (one line: iteration,
 operator, source line, metrics); each iteration folder gets ``online_compare.json``.
 
-Where the difference began: when run and reference hold the same dtypes (the offline
-compare's condition for its first-difference rule), the run's **first difference** (offline
-:func:`~opdump.analysis.compare.first.first_difference`: the earliest operator call with a
-tensor that is not identical, ``warning`` verdicts included) is kept from the batch where it
-appears.  A later first divergence is reported with it as its ``origin``, and its cause says
-so: a small difference (an inline bf16 cast: ``warning`` verdicts only) that grows over the
-following operators or steps until some later operator -- often an innocent one, the
-optimizer's update -- crosses the divergence thresholds is blamed on where it began, not on
-that later operator.  When the origin's differing input equals, statistic for statistic, the
-output of an earlier operator that only the run has (unmatched: the inserted cast), that
-operator is named as its ``producer``.
+Where the difference began (:mod:`.online_origin`): the run's first difference (offline
+first-difference rule, same dtypes) is kept and reported as the ``origin`` of a later first
+divergence, so a difference that grew from ``warning`` verdicts is not blamed on a later
+operator.
+
 With ``stop_on_divergence`` the run stops at the next iteration boundary (the optimizer
 step, or ``Session.step()``) by raising :class:`DivergenceStop` there -- a
 ``BaseException``, so the script's ``except Exception`` does not swallow it; ``opdump run``
@@ -56,7 +50,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..analysis.compare.first import first_difference, first_divergence
+from ..analysis.compare.first import first_divergence
 from ..analysis.compare.match import default_matchers, match
 from ..analysis.compare.pairs import METRIC_COLUMNS, Pair, Tensor
 from ..analysis.compare.verdict import Thresholds, judge_metrics, judge_pair
@@ -71,6 +65,7 @@ from ..format.statistics import CATEGORIES
 from ..recorder.copies import copy_out, stream_id_of
 from ..recorder.rows import shape_text
 from ..write.dtypes import to_numpy
+from .online_origin import describe_origin, first_difference_of
 from .reference import Reference
 
 __all__ = ["OnlineCompare", "DivergenceStop", "EXIT_DIVERGED", "BATCH_OPS"]
@@ -104,17 +99,6 @@ def describe(info: Dict[str, Any]) -> str:
     if origin:
         line += f"; the difference began earlier: {describe_origin(origin)}"
     return line
-
-
-def describe_origin(origin: Dict[str, Any]) -> str:
-    """Where the run's first difference appeared (and the run-only operator it came from)."""
-    text = (f"iteration {origin.get('iteration')}, {origin.get('op')} "
-            f"({origin.get('source') or 'source unknown'}), {origin.get('io')}.{origin.get('slot')}")
-    prod = origin.get("producer")
-    if prod:
-        text += (f", from {prod.get('op')} ({prod.get('source') or 'source unknown'}), "
-                 "an operator the reference does not have")
-    return text
 
 
 def _cell(text: str, kind: str) -> Any:
@@ -301,43 +285,11 @@ class OnlineCompare:
         """Keep the run's first difference (module doc), from the first batch that has one."""
         if self.origin is not None or not self._origin_rule:
             return
-        compared = [p for p in pairs if p.b is not None and (p.identical is not None or p.verdict not in
-                                                             (None, "unmatched", "unreadable"))]
-        if any(not p.same_dtype for p in compared):
-            self._origin_rule = False          # the offline compare's condition: first divergence only
-            return
-        if not any(p.identical is False for p in compared):
-            return
-        info = first_difference(pairs, self._source_of)[0]
-        if info is None:
-            return
-        if info.get("io") == "input":
-            info["producer"] = self._producer(pairs, info)
-        info = {k: v for k, v in info.items() if v is not None and k not in ("path_a", "path_b")}
-        self.origin = st.origin = info
-
-    def _producer(self, pairs: List[Pair], info: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-        """The latest earlier operator only the run has whose output holds exactly the
-        statistics of the origin's differing input (the inserted cast), or None."""
-        target = next((p.a for p in pairs if p.a.kind == "op" and p.a.op == info["op"] and p.a.io == "input"
-                       and p.a.slot == info["slot"]), None)
-        if target is None:
-            return None
-        keys = [c.key for c in CATEGORIES.values() if c.kind in ("element", "computed") and c.key in target.row]
-
-        def stats(t: Tensor):
-            vals = tuple(t.row.get(k) for k in keys)
-            return None if any(v is None or v != v for v in vals) else vals
-        want = stats(target)
-        if want is None:
-            return None
-        for p in reversed(pairs):
-            a = p.a
-            if (p.b is None and a.kind == "op" and a.io == "output" and a.order < target.order
-                    and a.dtype == target.dtype and stats(a) == want):
-                src, code = self._source_of(p)
-                return {"op": a.op, "op_type": a.op_type, "slot": a.slot, "source": src, "code": code}
-        return None
+        found = first_difference_of(pairs, self._source_of)
+        if found is False:
+            self._origin_rule = False          # different dtypes: first divergence only, as offline
+        elif found is not None:
+            self.origin = st.origin = found
 
     def _live(self, st: _Folder, row: tuple, joined: List[str]) -> Tensor:
         """A queued statistics row as the record ``opdump compare`` reads back from statistic.csv."""
