@@ -30,7 +30,10 @@ Decisions (README-ready):
   inside ``optimizer.step()``; ``"all"`` adds everything else the thread runs
   (data generation, loss functions called as plain functions, ``.grad`` zeroing).
   With ``root_modules`` given, only those modules (and what they call) count as
-  the model.
+  the model.  An operator is a call plain eager makes through the dispatcher: the
+  ``detach`` that any dispatch mode is handed when autograd saves or unpacks a tensor
+  (or ``.data`` is read) is the observation's own, and is left out before anything
+  else sees it (:func:`.dispatch.observation_only`; README, Eager mode).
 * **Iterations.** Each top-level call of a root module calls
   ``session.enter_forward`` (keyed per root module, so ``model`` then ``loss_fn``
   modules in one step are one iteration); the optimizer hook of the session does
