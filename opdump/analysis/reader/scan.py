@@ -70,7 +70,7 @@ def scan_rank(rid: int, rp: Path, loose: bool = False) -> Rank:
     _scan_execution_orders(rank, rp / fl.EXECUTION_ORDER_DIR)
     for g in rank.graphs.values():
         load_graph_ops(g)
-    memo: Dict[tuple, List[int]] = {}
+    memo: Dict[tuple, Any] = {}
     for net_e in _by_name(os.scandir(rp)):
         if not net_e.is_dir() or net_e.name in fl.SPECIAL_DIRS or net_e.name.startswith("."):
             continue
@@ -186,10 +186,11 @@ def _bare_op(g: Graph, fn: str) -> OpInfo:
 
 
 # ------------------------------------------------------------------ an iteration folder
-def scan_iteration(it: Iteration, memo: Optional[Dict[tuple, List[int]]] = None) -> None:
+def scan_iteration(it: Iteration, memo: Optional[Dict[tuple, Any]] = None) -> None:
     """Fill ``it`` from its folder: tensor files (through ``mapping.csv``), statistic rows,
     kernel arguments, unconverted protobuf files and the iteration's own execution order.
-    ``memo``: the call numbers of earlier folders (:meth:`.stat_table.StatColumns.number_calls`)."""
+    ``memo``: what earlier folders' statistic rows gave (converted columns, call numbers:
+    :func:`.statistics.read_statistic_columns`, :meth:`.stat_table.StatColumns.number_calls`)."""
     mapping: Dict[str, str] = {}
     mp = it.path / ff.MAPPING_FILE
     if mp.is_file():
@@ -200,7 +201,7 @@ def scan_iteration(it: Iteration, memo: Optional[Dict[tuple, List[int]]] = None)
         name = e.name
         if name == ff.STATISTIC_FILE:
             if columns_enabled():                    # columns, the rows a view (stat_table)
-                it.stats = StatRows(StatColumns(*read_statistic_columns(Path(e.path)), it.net))
+                it.stats = StatRows(StatColumns(*read_statistic_columns(Path(e.path), memo), it.net))
                 continue
             for row in read_statistic_csv(Path(e.path)):
                 row["_net"] = it.net

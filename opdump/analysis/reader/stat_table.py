@@ -86,7 +86,7 @@ class StatColumns:
         key = None
         if memo is not None:
             try:
-                key = (tuple(ops), tuple(ios), tuple(slots))
+                key = ("calls", tuple(ops), tuple(ios), tuple(slots))
                 hit = memo.get(key)
             except TypeError:                       # an unhashable cell: numbered below
                 key = hit = None
