@@ -19,8 +19,10 @@ Guarantees (mode-0 dumps):
   stream) takes a copy of them; the training thread records that copy at the next collective
   it dispatches or at the iteration's end, under the operator's own name and slots
   (``<scope>/allreduce_-opN`` ``output.k``: naming and execution order are unchanged).  A work
-  already complete at the call's return is recorded at once.  Nothing waits: no ``wait()``
-  the program does not do itself.
+  already complete at the call's return is recorded at once.  Nothing waits for
+  communication: no ``wait()`` the program does not do itself (a future wakes its waiters
+  before it runs its callbacks, so at an iteration's end a work already complete is given
+  up to a second for its callback's copy, which needs no communication).
 * **Not complete at the iteration's end** (the program never waited for it in that
   iteration): its outputs are recorded when the work completes, at a later iteration's end or
   when the capture stops, in the iteration folder of the call (``late: true`` in
