@@ -121,8 +121,10 @@ def judge_columns(column_a, column_b, n: int, md5_a: List[Any], md5_b: List[Any]
     col_a = {k: column_a(k) for k in _VALUES}
     col_b = {k: column_b(k) for k in _VALUES}
     na, nb = nonfinite_codes_of(column_a, n, col_a), nonfinite_codes_of(column_b, n, col_b)
-    md5 = np.fromiter((isinstance(ma, str) and isinstance(mb, str) and bool(ma) and bool(mb) and ma == mb
-                       for ma, mb in zip(md5_a, md5_b)), dtype=bool, count=n)
+    no_md5 = md5_a.count(None) == n or md5_b.count(None) == n        # no MD5 column: nothing to read
+    md5 = np.zeros(n, bool) if no_md5 else np.fromiter(
+        (isinstance(ma, str) and isinstance(mb, str) and bool(ma) and bool(mb) and ma == mb
+         for ma, mb in zip(md5_a, md5_b)), dtype=bool, count=n)
     nf_diverged = ~md5 & (na >= 0) & (nb >= 0) & (na != nb)
     live = ~md5 & ~nf_diverged
     either_nf = (na == 1) | (nb == 1)
@@ -192,8 +194,9 @@ def _results(n, md5, nf_diverged, nan_k, worst, worst_all, worst_k, na, nb, valu
         extras[i] = {"stat_max_rel_diff": worst_l[i], "stat_rel_diff_all": worst_all_l[i]}
     # identical (verdict._stats_identical): MD5 on both sides decides; else NaN/Inf codes
     # that disagree; else the largest difference within the dtype's tolerance
-    both_md5 = np.fromiter((isinstance(ma, str) and isinstance(mb, str) and bool(ma) and bool(mb)
-                            for ma, mb in zip(md5_a, md5_b)), dtype=bool, count=n)
+    both_md5 = np.zeros(n, bool) if md5_a.count(None) == n or md5_b.count(None) == n else np.fromiter(
+        (isinstance(ma, str) and isinstance(mb, str) and bool(ma) and bool(mb) for ma, mb in zip(md5_a, md5_b)),
+        dtype=bool, count=n)
     tol_cache: Dict[Any, float] = {}
     tol = np.empty(n)
     for i, d in enumerate(dtype_a):

@@ -86,7 +86,7 @@ def _stat_part(frame, col: str, rows: np.ndarray):
     """One part of a statistic column: ("num", float64 values) where the frame's column is
     of int or float dtype (every cell known), else ("obj", the cells as Python objects)."""
     if col not in frame.columns:
-        return ("obj", [None] * len(rows))
+        return ("none", len(rows))
     ser = frame[col]
     dt = ser.dtype
     if isinstance(dt, np.dtype) and dt.kind in "if":
@@ -103,9 +103,12 @@ def _stat_column(parts, live: Optional[np.ndarray]):
         if live is not None:
             vals = vals[live]
         return vals, np.ones(len(vals), dtype=bool)
+    if all(kind == "none" for kind, _ in parts):             # no such column: every cell unknown (None)
+        m = sum(n for _, n in parts) if live is None else len(live)
+        return np.full(m, np.nan), np.zeros(m, dtype=bool)
     cells: List[Any] = []
     for kind, v in parts:
-        cells += v.tolist() if kind == "num" else v
+        cells += v.tolist() if kind == "num" else [None] * v if kind == "none" else v
     if live is not None:
         cells = [cells[i] for i in live.tolist()]
     return column_of_values(cells)
