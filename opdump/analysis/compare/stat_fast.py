@@ -118,10 +118,18 @@ def statistics_compare(da, db, rank_pairs, iterations, io, include_parameters, t
 
 
 def _positions(its: List[Optional[int]]) -> Dict[Optional[int], np.ndarray]:
-    out: Dict[Optional[int], List[int]] = {}
-    for i, v in enumerate(its):
-        out.setdefault(v, []).append(i)
-    return {k: np.asarray(v, dtype=np.int64) for k, v in out.items()}
+    """Row positions of each iteration, in row order (taken run by run: records come
+    grouped by iteration)."""
+    import operator
+    n = len(its)
+    if not n:
+        return {}
+    cuts = np.flatnonzero(np.fromiter(map(operator.ne, its[1:], its[:-1]), dtype=bool, count=n - 1)) + 1
+    starts = [0] + cuts.tolist()
+    out: Dict[Optional[int], List[np.ndarray]] = {}
+    for s0, e0 in zip(starts, starts[1:] + [n]):
+        out.setdefault(its[s0], []).append(np.arange(s0, e0, dtype=np.int64))
+    return {k: v[0] if len(v) == 1 else np.concatenate(v) for k, v in out.items()}
 
 
 def _pair_rank(sa, sb, it_a, it_b, it_pairs):

@@ -10,6 +10,7 @@ functions can look at (the differing ones and the calls they name), in table ord
 """
 from __future__ import annotations
 
+from itertools import compress
 from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
@@ -231,19 +232,15 @@ def _sources(sp: StatPairs, da, db, sources) -> None:
         def __init__(self, kind, rank, graph, op):
             self.kind, self.rank, self.graph, self.op = kind, rank, graph, op
     c = sp.cols
+    keys = list(zip(c["kind"], c["rank"], c["graph"], c["op"], c["kind_b"], c["rank_b"], c["graph_b"], c["op_b"]))
     cache: Dict[tuple, str] = {}
-    out = []
-    for ka, ra, ga, oa, kb, rb, gb, ob in zip(c["kind"], c["rank"], c["graph"], c["op"], c["kind_b"], c["rank_b"],
-                                              c["graph_b"], c["op_b"]):
-        key = (ka, ra, ga, oa, kb, rb, gb, ob)
-        s = cache.get(key)
-        if s is None:
-            s = sources.of_tensor(da, _T(ka, ra, ga, oa))
-            if not s[0]:
-                s = sources.of_tensor(db, _T(kb, rb, gb, ob))
-            s = cache[key] = s[0]
-        out.append(s)
-    c["source"] = out
+    for key in dict.fromkeys(keys):                  # once per distinct operator pair, first seen first
+        ka, ra, ga, oa, kb, rb, gb, ob = key
+        s = sources.of_tensor(da, _T(ka, ra, ga, oa))
+        if not s[0]:
+            s = sources.of_tensor(db, _T(kb, rb, gb, ob))
+        cache[key] = s[0]
+    c["source"] = list(map(cache.__getitem__, keys))
 
 
 def _table(sp: StatPairs, pd):
@@ -296,10 +293,10 @@ def finish_result(da, db, sp: StatPairs, rank_pairs, it_pairs, thresholds, sourc
     matched_by: Dict[str, int] = {}
     for r in c["match"]:
         matched_by[r] = matched_by.get(r, 0) + 1
-    calls_a = len({k for k, kind in zip(zip(c["rank"], c["iteration"], c["graph"], c["op_file"], c["call"]),
-                                        c["kind"]) if kind == "op"})
-    calls_b = len({k for k, kind in zip(zip(c["rank_b"], c["iteration_b"], c["graph_b"], c["op_file_b"],
-                                            c["call_b"]), c["kind_b"]) if kind == "op"})
+    calls_a = len(set(compress(zip(c["rank"], c["iteration"], c["graph"], c["op_file"], c["call"]),
+                               map("op".__eq__, c["kind"]))))
+    calls_b = len(set(compress(zip(c["rank_b"], c["iteration_b"], c["graph_b"], c["op_file_b"], c["call_b"]),
+                               map("op".__eq__, c["kind_b"]))))
     ops = {"calls_a": calls_a, "matched_a": calls_a, "calls_b": calls_b, "matched_b": calls_b}
     result = CompareResult(str(da.path), str(db.path), _table(sp, pd), None, [], [], [], [], thresholds, it_pairs,
                            (rank_pairs[0] if len(rank_pairs) == 1 else (None, None)), matched_by=matched_by,
@@ -365,11 +362,6 @@ def random_rule(op_types: List[str], ios: List[str], verdicts: List[str], reason
 
 def garbage(op_types: List[str], ios: List[str], slots: List[Any]) -> List[bool]:
     """:func:`opdump.analysis.common.is_garbage` per row, once per distinct (type, io, slot)."""
-    cache: Dict[tuple, bool] = {}
-    out = []
-    for k in zip(op_types, ios, slots):
-        r = cache.get(k)
-        if r is None:
-            r = cache[k] = is_garbage(*k)
-        out.append(r)
-    return out
+    keys = list(zip(op_types, ios, slots))
+    cache = {k: is_garbage(*k) for k in dict.fromkeys(keys)}      # once per distinct key, first seen first
+    return list(map(cache.__getitem__, keys))

@@ -102,6 +102,8 @@ def column_texts(col) -> Optional[List[str]]:
             txt[np.isnan(vals)] = ""
             return txt.tolist()
         if kind == "O":
+            if col.isna().all():                          # None/NaN everywhere: empty fields
+                return [""] * len(col)
             return _object_texts(col.tolist())
         return None
     if name in ("Int64", "str"):                      # NA empty; an int's str, a string quoted

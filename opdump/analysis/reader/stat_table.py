@@ -70,7 +70,7 @@ class StatColumns:
         if ts is None or self.n < 2:
             return
         order = sorted(range(self.n), key=ts.__getitem__)
-        if all(i == j for i, j in enumerate(order)):
+        if order == list(range(self.n)):
             return
         for k, c in self.cols.items():
             self.cols[k] = [c[i] for i in order]

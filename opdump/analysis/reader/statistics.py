@@ -187,7 +187,7 @@ def _read_well_formed(path: Path, memo: Optional[Dict[tuple, List[Any]]] = None
     while header and header[-1] == "":
         header.pop()
     width = len(header)
-    if not width or any(len(r) != width for r in recs[1:]):
+    if not width or set(map(len, recs[1:])) != {width}:
         return None
     body = zip(*recs[1:])
     cols = list(body)
