@@ -356,3 +356,16 @@ def test_divergence_after_warnings_leads_back_to_the_inline_cast(cast_runs):
     assert reports[0]["first_difference"]["producer"] == producer
     lines = [ln for ln in b.stderr.splitlines() if "first divergence" in ln]
     assert len(lines) == 1 and f"model.py:{CAST_LINE})" in lines[0], b.stderr
+
+
+def test_offline_first_difference_names_no_parameter_of_a_later_iteration(cast_runs, tmp_path):
+    """Offline ``opdump compare`` of the same pair: the first difference is the cast's consumer at
+    iteration 0, where every parameter is still identical; parameters that differ only from
+    iteration 1 on (after the first update) must not be named as its cause."""
+    root, _ = cast_runs
+    r = subprocess.run([sys.executable, "-m", "opdump", "compare", str(root / "b"), str(root / "ref"), "--json",
+                        "--csv", str(tmp_path / "t.csv")], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stderr
+    first = json.loads(r.stdout)["first_difference"]
+    assert first["iteration"] == 0 and first["io"] == "input"
+    assert first["parameters"] == [] and "parameter that differs" not in first["cause"]
