@@ -131,3 +131,19 @@ def test_value_read_before_the_version_bump_still_judges_the_next_operators(tmp_
     assert torch.isposinf(out).all()
     assert names == {"Default_AfterInPlace_mul_-op1"}
     assert (_load(files, "Default_AfterInPlace_mul_-op1", "input") == np.float32(1e10)).all()
+
+
+class FromUnread(nn.Module):
+    def forward(self, x):
+        v = x.abs()          # finite-preserving, x never read: v is left unread too
+        return v * 3.0       # Inf out: v is read for the verdict, the Inf came in with x
+
+
+def test_a_finite_preserving_output_of_an_unread_input_is_read_for_a_verdict(tmp_path):
+    # guard: a finite-preserving operator with an unread input leaves its outputs unknown
+    # (not "finite"); taken as finite, mul would be blamed for x's Inf
+    x = torch.ones(4, 4)
+    x[0, 0] = float("inf")
+    out, files, names = _dump(tmp_path, FromUnread(), x)
+    assert torch.isposinf(out[0, 0])
+    assert names == set()

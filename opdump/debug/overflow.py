@@ -250,9 +250,11 @@ class OverflowWatch(CpuPath):
                 # a pooled buffer may be reused with its version unchanged (a copy made under
                 # the dispatch mode moves no version counter): its old entry must go
                 self._known.pop(id(c), None)
-                self._on_purpose.pop(id(c), None)
-                if self._on_purpose.get(id(t)) is t:     # the copy carries an on-purpose Inf too
-                    self._on_purpose[id(c)] = c
+                on_purpose = self._on_purpose
+                if on_purpose:
+                    on_purpose.pop(id(c), None)
+                    if on_purpose.get(id(t)) is t:      # the copy carries an on-purpose Inf too
+                        on_purpose[id(c)] = c
                 if id(t) in prewrite:
                     try:
                         self._known[id(c)] = (weakref.ref(c), c._version, prewrite[id(t)], 0)

@@ -30,6 +30,7 @@ from .overflow_values import value_now
 _FLOATS = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
 _NONE: frozenset = frozenset()
 _UNINIT = -1.0       # _value_of: a floating tensor holding uninitialized memory (never judged)
+_UNKNOWN = -2.0      # _value_of(read=False): a floating tensor not read this iteration
 
 
 class CpuPath:
@@ -60,16 +61,20 @@ class CpuPath:
             return
         if not flagged and (kind in FINITE_PRESERVING and op.overload != "dtype"
                             or scales_down(kind, op.overload, args)):
-            in_vals = [self._value_of(t) for t in inputs] if not writing else self._values_before(inputs, writing)
+            in_vals = ([self._value_of(t, False) for t in inputs] if not writing
+                       else self._values_before(inputs, writing))
             judged = [v for v in in_vals if v is not None]
             if _UNINIT in judged:       # an input nobody wrote yet: nor are the outputs judged
                 for t in outputs:
                     self._unjudged(t)
                 return
-            if judged and not any(judged):      # finite inputs: finite outputs, no reduction
-                for t in outputs:
-                    if isinstance(t, torch.Tensor) and t.dtype in _FLOATS:
-                        self._remember(t, 0.0, bump if id(t) in writing else 0)
+            if judged and not any(v and v != _UNKNOWN for v in judged):
+                if _UNKNOWN not in judged:      # finite inputs: finite outputs, no reduction
+                    for t in outputs:
+                        if isinstance(t, torch.Tensor) and t.dtype in _FLOATS:
+                            self._remember(t, 0.0, bump if id(t) in writing else 0)
+                # else an input not read yet: nor are the outputs (read if a verdict needs them;
+                # the input was never judged, so it is no on-purpose Inf the outputs could carry)
                 self._recycle(cloned)
                 return
         out_vals = [self._value_new(t, bump if id(t) in writing else 0) for t in outputs]
@@ -82,6 +87,8 @@ class CpuPath:
             return
         if in_vals is None:
             in_vals = [self._value_of(t) for t in inputs]
+        elif _UNKNOWN in in_vals:
+            in_vals = [self._value_of(t) if v == _UNKNOWN else v for t, v in zip(inputs, in_vals)]
         call = self._call(op, inputs, outputs, None, None, flagged, frozenset(map(id, cloned)) if cloned else _NONE,
                      where)
         self._judge(call, [(t, v) for t, v in zip(inputs, in_vals) if v and v != _UNINIT],
@@ -98,7 +105,7 @@ class CpuPath:
                 v = prewrite[id(t)]
                 vals.append(_UNINIT if v is None else v)
             else:
-                vals.append(self._value_of(t))
+                vals.append(self._value_of(t, False))
         return vals
 
     def _recycle(self, cloned) -> None:
@@ -120,14 +127,17 @@ class CpuPath:
         self._remember(t, value, bumps)
         return value
 
-    def _value_of(self, t) -> Optional[float]:
+    def _value_of(self, t, read: bool = True) -> Optional[float]:
         """An input's value: the one known this iteration (same tensor, same version, not
-        written since), else read now; :data:`_UNINIT` for uninitialized memory."""
+        written since), else read now (``read`` False: :data:`_UNKNOWN`); :data:`_UNINIT`
+        for uninitialized memory."""
         if not isinstance(t, torch.Tensor) or t.dtype not in _FLOATS or not t.numel():
             return None
         entry = self._known.get(id(t))
         if entry is not None and entry[0]() is t and 0 <= t._version - entry[1] <= entry[3]:
             return _UNINIT if entry[2] is None else entry[2]
+        if not read:
+            return _UNKNOWN
         value = value_now(t)
         self._remember(t, value, 0)
         return value

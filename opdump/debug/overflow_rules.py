@@ -20,11 +20,14 @@ FINITE_PRESERVING = frozenset((
     "contiguous", "cat", "stack", "index_select", "gather", "repeat", "lift_fresh_copy", "roll", "flip",
     "relu", "relu_", "threshold", "threshold_", "threshold_backward", "hardtanh", "hardtanh_", "clamp",
     "clamp_", "max_pool2d", "max_pool2d_with_indices", "amax", "amin", "max", "min", "sigmoid", "tanh",
-    "sign", "abs", "neg", "where", "masked_fill", "masked_fill_", "zero_", "fill_"))
-#: operators whose outputs are finite whatever their inputs hold (random 0/1 and uniform fills:
-#: dropout's mask is ``empty_like`` + ``bernoulli_``): no reduction, no pre-write copy (they
+    "sign", "abs", "neg", "where", "masked_fill", "masked_fill_", "zero_", "fill_",
+    # backward scatters: the gradient placed into zeros (finite iff the gradient is)
+    "select_backward", "slice_backward", "diagonal_backward", "select_scatter", "slice_scatter"))
+#: operators whose outputs are finite whatever their inputs hold (zeros, ones, random 0/1 and
+#: uniform fills: dropout's mask is ``empty_like`` + ``bernoulli_``): no reduction, no pre-write copy (they
 #: cannot be an origin); a non-finite scalar argument (``flagged``) still makes them judged
-ALWAYS_FINITE = frozenset(("bernoulli", "bernoulli_", "uniform_", "random_"))
+ALWAYS_FINITE = frozenset(("bernoulli", "bernoulli_", "uniform_", "random_", "zeros", "zeros_like", "new_zeros",
+                           "ones", "ones_like", "new_ones"))
 #: operators whose outputs are uninitialized memory (judging them would report garbage NaNs)
 UNINITIALIZED = frozenset(("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
                            "empty_permuted", "resize_", "resize_as_"))
