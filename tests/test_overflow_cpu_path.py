@@ -4,6 +4,8 @@ as they return, inputs are read only for a verdict, ``mul`` by a number of magni
 1 (``div`` by at least 1) and random fills are spared reductions and pre-write copies.  Each
 test is a real eager run of a tiny module whose dump an independent recomputation
 predicts, and each fails when the guard it names is removed."""
+import json
+
 import numpy as np
 import torch
 import torch.nn as nn
@@ -147,3 +149,71 @@ def test_a_finite_preserving_output_of_an_unread_input_is_read_for_a_verdict(tmp
     out, files, names = _dump(tmp_path, FromUnread(), x)
     assert torch.isposinf(out[0, 0])
     assert names == set()
+
+
+class Mixed(nn.Module):
+    """An fp16 origin, its propagation, a -inf mask (on purpose), in-place writes (relu_,
+    a scaled mul_, an overflowing add_), dropout, and an optimizer step around it."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.register_buffer("scale", torch.ones(()))
+
+    def forward(self, x):
+        h = self.fc(x)
+        h.relu_()
+        g = h.half() * self.scale.half()              # the origin when scale is 1e4 (fp16)
+        g = (g + 1).float()                           # propagates
+        scores = x @ x.t()
+        mask = torch.full_like(scores, float("-inf")).triu(1)
+        attn = (scores + mask).softmax(-1)             # -inf on purpose, no NaN
+        big = x.detach() * 1e30
+        big.mul_(0.5)
+        big.add_(big * 1e9)                            # the second origin: fp32 overflows
+        drop = torch.nn.functional.dropout(h, 0.5, training=True)
+        return g.sum() + attn.sum() + big.sum() + drop.sum()
+
+
+def _mixed_run(tmp_path, now: bool, monkeypatch):
+    from opdump.debug.overflow import OverflowWatch
+    monkeypatch.setattr(OverflowWatch, "READ_CPU_NOW", now)
+    torch.manual_seed(0)
+    model = Mixed()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    x = torch.randn(4, 8) * 30
+    tmp_path.mkdir()
+    cfg = write_config(tmp_path, common={"op_debug_mode": 3})
+    with opdump.Session(cfg) as session, EagerCapture(session):
+        for step in range(3):
+            model.scale.fill_(1e4 if step == 1 else 1.0)
+            opt.zero_grad()
+            model(x).backward()
+            opt.step()
+            session.step()
+    root = tmp_path / "dump"
+    # operators by iteration and type, not index: the held path's listing numbers one more
+    # operator (a detach after full_like that the capture lists in that path only)
+    found = sorted(tensor_files(str(root)), key=lambda f: (f.iteration, int(f.op_name.rsplit("-op", 1)[1]), f.io,
+                                                           f.slot))
+    files = [((f.iteration, f.op_name.rsplit("-op", 1)[0], f.io, f.slot), f.load()) for f in found]
+    summaries = {}
+    for p in sorted(root.rglob("overflow.json")):
+        body = json.loads(p.read_text())
+        summaries[str(p.relative_to(root))] = [(e["op_type"], e["outputs"]) for e in body["overflows"]]
+    return files, summaries
+
+
+def test_cpu_path_finds_what_the_held_path_finds(tmp_path, monkeypatch):
+    """The same run watched by the CPU path and by the held (device) path, both on the CPU:
+    the same overflows, the same files with the same values, the same summaries."""
+    now_files, now_sums = _mixed_run(tmp_path / "now", True, monkeypatch)
+    held_files, held_sums = _mixed_run(tmp_path / "held", False, monkeypatch)
+    assert now_sums == held_sums
+    assert [k for k, _ in now_files] == [k for k, _ in held_files]
+    for (key, arr), (_, other) in zip(now_files, held_files):
+        assert np.array_equal(arr, other, equal_nan=True), key
+    names = {k[1] for k, _ in now_files}
+    assert {n for n in names if n.endswith("_mul")} == {"Default_Mixed_mul"}, names       # both origins
+    assert len({k[0] for k, _ in now_files}) == 3, "an origin in every step (the fp32 one), two in step 1"
+    assert not any("softmax" in n or "relu" in n for n in names), names

@@ -58,15 +58,13 @@ import torch
 from ..format.layout import OVERFLOW_CSV, OVERFLOW_JSON
 from .origin import OPERATOR, ON_PURPOSE, judge
 from .overflow_copies import CopyPool
+from .overflow_batch import DevicePath
 from .overflow_now import CpuPath
 from .overflow_rules import FINITE_PRESERVING, UNINITIALIZED, needs_prewrite_copy, scales_down  # noqa: F401
 from .overflow_summary import render_csv, render_json
 
 #: operators held before the flags are read (bounds the memory the references keep alive)
 BATCH = 256
-_FLOATS = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
-_HALF = frozenset((torch.float16, torch.bfloat16))
-_INFS = (math.inf, -math.inf)
 _NONE: frozenset = frozenset()
 
 
@@ -86,11 +84,15 @@ class _Call:
         self.private, self.where = private, where
 
 
-class OverflowWatch(CpuPath):
+class OverflowWatch(CpuPath, DevicePath):
     """Watches operators in execution order.  ``record(op, inputs, outputs)`` (or, for an
     operator added with ``where``, ``record(op, inputs, outputs, where)``) dumps an
     overflowing operator; ``folder()`` is the folder of the eager iteration (None: only the
     folders given by :meth:`touch` get a summary); ``layout()`` writes the summaries."""
+
+    #: CPU operators read and judged as they return (:mod:`.overflow_now`); False: held and
+    #: judged by batch like device operators (the tests compare both paths on the CPU)
+    READ_CPU_NOW = True
 
     def __init__(self, limit: int, record: Callable, folder: Optional[Callable[[], str]], layout: Callable):
         self.limit = int(limit)
@@ -120,51 +122,6 @@ class OverflowWatch(CpuPath):
         self._call = _Call
 
     # ------------------------------------------------------------------ per operator
-    def _flag_in(self, t) -> int:
-        """The flag slot of an input: the one it got earlier in the batch, or a slot holding
-        the value read in an earlier batch of this iteration, when it is the same tensor at
-        the same version not written since; else a new flag (-1: not judged)."""
-        if type(t) is not torch.Tensor and not isinstance(t, torch.Tensor):
-            return -1
-        key = id(t)
-        hit = self._memo.get(key)
-        version = t._version
-        if hit is not None and hit[0] == version:
-            return hit[1]
-        known = self._known.get(key)
-        if known is not None and 0 <= version - known[1] <= known[3] and known[0]() is t:
-            if known[2] is None:         # uninitialized memory nobody wrote yet: not judged
-                return -1
-            j = len(self._held)
-            self._held.append(None)
-            self._exact.append(True)
-            self._orig.append(None)
-            self._preset[j] = known[2]
-            self._memo[key] = (version, j)
-            return j
-        return self._flag_out(t)
-
-    def _flag_out(self, t) -> int:
-        if not isinstance(t, torch.Tensor):
-            return -1
-        dtype = t.dtype
-        if dtype not in _FLOATS or t.is_meta or not t.numel():
-            return -1
-        d = t.detach()
-        j = len(self._held)
-        self._held.append(d)
-        self._orig.append(t)
-        if dtype in _HALF:           # exact: Inf/NaN are the min/max themselves
-            self._flags.extend(torch.aminmax(d))
-            self._owner += (j, j)
-            self._exact.append(True)
-        else:                        # half aminmax's cost; non-finite sums are checked at the read
-            self._flags.append(d.sum())
-            self._owner.append(j)
-            self._exact.append(False)
-        self._memo[id(t)] = (t._version, j)
-        return j
-
     def _unjudged(self, t) -> int:
         """An output holding uninitialized memory (``empty``…): never judged, nor is it as an
         input until something writes it (its garbage may hold NaN bit patterns)."""
@@ -175,33 +132,6 @@ class OverflowWatch(CpuPath):
             except TypeError:
                 pass
         return -1
-
-    def _derived(self, inputs, in_flags, outputs) -> List[int]:
-        """Output slots of an operator that cannot turn finite inputs into Inf/NaN: no
-        reduction of their own; finite when every floating input is, else settled exactly
-        from the held output at the read.  An input not judged (uninitialized memory) makes
-        the outputs not judged either; with no floating input they are flagged as usual."""
-        deps = []
-        for t, k in zip(inputs, in_flags):
-            if k >= 0:
-                deps.append(k)
-            elif isinstance(t, torch.Tensor) and t.dtype in _FLOATS and t.numel():
-                return [self._unjudged(o) for o in outputs]
-        if not deps:
-            return [self._flag_out(o) for o in outputs]
-        slots = []
-        for t in outputs:
-            if not isinstance(t, torch.Tensor) or t.dtype not in _FLOATS or t.is_meta or not t.numel():
-                slots.append(-1)
-                continue
-            j = len(self._held)
-            self._held.append(t.detach())
-            self._orig.append(t)
-            self._exact.append(False)
-            self._derive[j] = deps
-            self._memo[id(t)] = (t._version, j)
-            slots.append(j)
-        return slots
 
     def touch(self, where: str) -> None:
         """A dumped graph call writes into ``where`` this iteration: it gets a summary."""
@@ -274,15 +204,19 @@ class OverflowWatch(CpuPath):
             return
         try:
             writing, self._writing = self._writing, _NONE
-            for t in inputs:
-                if isinstance(t, torch.Tensor) and not t.is_cpu:
-                    break
-            else:
-                for t in outputs:
+            cpu = self.READ_CPU_NOW
+            if cpu:
+                for t in inputs:
                     if isinstance(t, torch.Tensor) and not t.is_cpu:
+                        cpu = False
                         break
                 else:
-                    return self._add_now(op, inputs, outputs, flagged, cloned, where, writing, args)
+                    for t in outputs:
+                        if isinstance(t, torch.Tensor) and not t.is_cpu:
+                            cpu = False
+                            break
+            if cpu:
+                return self._add_now(op, inputs, outputs, flagged, cloned, where, writing, args)
             flag_in = self._flag_in
             inputs, outputs = list(inputs), list(outputs)
             in_flags = [flag_in(t) for t in inputs]
@@ -302,55 +236,7 @@ class OverflowWatch(CpuPath):
         except Exception as exc:   # noqa: BLE001 - never into the training thread
             self._fail(exc)
 
-    # ------------------------------------------------------------------ batches
-    def _read_flags(self) -> List[float]:
-        """Per held tensor: 0.0 (finite), ``inf`` (Inf, no NaN) or ``nan`` (some NaN).  One
-        host read per device/dtype; a non-finite sum (which may be a finite tensor whose sum
-        overflowed, or +Inf with -Inf) is settled exactly by a second, batched read."""
-        flags, owner, held = self._flags, self._owner, self._held
-        out = [0.0] * len(held)
-        for j, v in self._preset.items():
-            out[j] = v
-        groups: Dict[tuple, List[int]] = {}
-        for i, f in enumerate(flags):
-            groups.setdefault((f.device, f.dtype), []).append(i)
-        for idx in groups.values():
-            host = torch.stack([flags[i] for i in idx]).tolist()     # one sync per device/dtype
-            if math.isfinite(sum(host)):        # the usual case: all finite, nothing to note
-                continue
-            for i, v in zip(idx, host):
-                if v != v:
-                    out[owner[i]] = math.nan
-                elif v in _INFS and out[owner[i]] == 0.0:
-                    out[owner[i]] = math.inf
-        exact, derive = self._exact, self._derive
-        if not any(out):                        # all finite: derived slots are too (0.0)
-            derive = {}
-        self._settle(out, [j for j, v in enumerate(out) if v != 0.0 and not exact[j] and j not in derive])
-        for j, deps in derive.items():          # in slot order: their inputs are settled first
-            vals = [out[k] for k in deps]
-            out[j] = math.nan if any(v != v for v in vals) else (math.inf if any(vals) else 0.0)
-        self._settle(out, [j for j in derive if out[j] != 0.0])
-        known = self._known
-        for j, t in enumerate(self._orig):      # later batches of the iteration reuse these
-            if t is not None:
-                try:
-                    known[id(t)] = (weakref.ref(t), t._version, out[j], 0)
-                except TypeError:                # no weak reference to this tensor type
-                    pass
-        return out
-
-    def _settle(self, out: List[float], slots: List[int]) -> None:
-        """Exact values for ``slots`` from their held tensors (one host read per device)."""
-        held = self._held
-        by_device: Dict[torch.device, List[int]] = {}
-        for j in slots:
-            by_device.setdefault(held[j].device, []).append(j)
-        for js in by_device.values():
-            facts = torch.stack([torch.stack((held[j].isnan().any(), held[j].isinf().any())) for j in js]).tolist()
-            for j, (nan, inf) in zip(js, facts):
-                out[j] = math.nan if nan else (math.inf if inf else 0.0)
-
+    # ------------------------------------------------------------------ batches (device operators)
     def _reset_batch(self) -> None:
         self._calls, self._flags, self._memo, self._storages, self._indexed = [], [], {}, set(), 0
         self._held, self._owner, self._exact, self._orig, self._preset, self._derive = [], [], [], [], {}, {}
