@@ -17,6 +17,7 @@ from ..reader.npy import dtype_name, npy_layout
 from ..reader import Dump, open_dump
 from .first import calls_in_order, first_difference, first_divergence
 from .mapping import load_mapping
+from .open_pair import open_pair
 from .frontend import RULE_FRONT_END
 from .match import default_matchers, match
 from .kernels import KERNEL_RULES, with_kernels
@@ -188,7 +189,10 @@ def compare(a: Union[str, os.PathLike, Dump], b: Union[str, os.PathLike, Dump], 
     :func:`.match.default_matchers`). Raises :class:`CompareError` when there is nothing
     to compare."""
     import pandas as pd
-    da, db = _open(a), _open(b)
+    if isinstance(a, Dump) or isinstance(b, Dump):
+        da, db = _open(a), _open(b)
+    else:                                       # two paths: B read by a child meanwhile (.open_pair)
+        da, db = open_pair(a, b, open_dump)
     if isinstance(mapping, (str, os.PathLike)):
         mapping = load_mapping(mapping)
     plain = None
