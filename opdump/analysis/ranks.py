@@ -36,9 +36,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Union
 
+from ..format.layout import COLLECTIVES_JSON
 from .reader import Dump, open_dump
 
 __all__ = ["RankDifference", "RankReport", "check_ranks", "is_replicated", "replicated_collectives"]
+
 
 def is_replicated(op: Any, kind: Any) -> bool:
     """Must this tensor be identical on every data-parallel rank? (see module doc)"""
@@ -157,7 +159,6 @@ def replicated_collectives(path: Union[str, os.PathLike]) -> Dict[int, set]:
     """{rank: {(iteration, operator name)}} of the collectives whose outputs must agree across
     every rank, from the dump's ``collectives.json`` files (module doc); unreadable files are
     skipped (their collectives are not judged)."""
-    from ..capture.eager.collectives import COLLECTIVES_JSON
     out: Dict[int, set] = {}
     for root, _dirs, files in os.walk(path):
         if COLLECTIVES_JSON not in files:

@@ -52,8 +52,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-#: in an iteration folder: the collectives of the iteration (see the module doc)
-COLLECTIVES_JSON = "collectives.json"
+from ...format.layout import COLLECTIVES_JSON
+
 
 #: c10d operator -> (position, name) of the argument it writes (its outputs)
 WRITTEN: Dict[str, Tuple[int, str]] = {
