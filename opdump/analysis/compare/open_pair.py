@@ -123,6 +123,10 @@ def open_pair(a: Any, b: Any, open_dump: Callable[[Any], Any]) -> Tuple[Any, Any
     os.close(w)
     try:
         da = open_dump(a)
+        try:
+            da.records()                            # A's share while B's is made: compare needs both
+        except Exception:  # noqa: BLE001 - raised again where compare asks for the records
+            pass
     except BaseException:
         _collect(r, pid)                            # no child left behind
         raise
