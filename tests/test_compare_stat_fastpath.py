@@ -246,3 +246,28 @@ def test_fingerprints_of_other_columns(tmp_path, monkeypatch):
     assert _fast_applies(a, b)
     old, new = _both(a, b, monkeypatch)
     _same(old, new, tmp_path)
+
+
+def test_tie_break_fingerprint_uses_every_statistic(tmp_path, monkeypatch):
+    """Two equal-signature calls whose l2norm is the same but whose other statistics differ,
+    traded in B: the value tie-break must tell them apart by those other statistics (it once
+    iterated the CSV header names, "Max Value"..., against the records' keys, so that only the
+    l2norm column, whose header is its key, made the fingerprint), on both paths."""
+    a = write_stats_dump(tmp_path / "a", iterations=(0,))
+    b = write_stats_dump(tmp_path / "b", iterations=(0,), swap_ties=True)
+    for d in (a, b):
+        p = d / "rank_0" / "Net" / "0" / "0" / "statistic.csv"
+        rows = list(csv.reader(open(p, newline="")))
+        for r in rows[1:]:
+            if r[0] == "detach":
+                r[-1] = "1.5"                       # the same l2norm for every detach row
+        with open(p, "w", newline="") as f:
+            csv.writer(f).writerows(rows)
+    for fast in ("0", "1"):
+        monkeypatch.setenv("OPDUMP_COMPARE_FAST", fast)
+        r = compare(str(a), str(b), progress=False)
+        det = r.table[r.table["op_type"] == "detach"]
+        assert len(det) and (det["verdict"] == "pass").all(), det[["op", "op_b", "verdict"]]
+        assert r.matched_by.get("aligned order", 0) > 0
+    old, new = _both(a, b, monkeypatch)
+    _same(old, new, tmp_path)

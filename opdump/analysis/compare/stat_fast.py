@@ -280,7 +280,7 @@ def _tie_groups(kind, graphs, files, calls, ops, types, iob, slots, shapes, dcla
 
 def _fingerprint_codes(sa, sb) -> Tuple[List[int], List[int]]:
     """Per row of A and of B, a code standing for its statistics fingerprint (the matcher's
-    ``tuple(str(row[k]) for k in STAT_KEYS if k in row)``): equal codes across the sides
+    ``tuple(str(row[k]) for k in STAT_KEYS if k in row)``, STAT_KEYS the statistic keys): equal codes across the sides
     exactly where those tuples are equal (float64 columns by their bits, NaN as one, as
     ``str`` tells them apart; any other column through ``str``)."""
     import pandas as pd
