@@ -143,10 +143,13 @@ class GraphTaps {
     shapes_.resize(op_names_.size() * 2);
   }
 
-  // A dumped call starts: rows go to recorder._pending[folder]; `native` false: every tap
-  // hands its call to the runtime's Python taps.
-  void open(py::object recorder, py::object folder, bool native) {
+  // A dumped call of iteration `iteration` starts: rows go to recorder._pending[folder]; `native`
+  // false: every tap hands its call to the runtime's Python taps.  Native: the memo uses the
+  // values carried from this iteration's earlier calls (StatsMemo::enter).
+  void open(py::object recorder, py::object folder, bool native, int64_t iteration) {
     if (!memo_) return;             // released
+    if (native) memo_->enter(iteration);
+    iteration_ = iteration;
     recorder_ = recorder;
     folder_ = std::move(folder);
     py::object lock = recorder.attr("_lock");
@@ -160,7 +163,16 @@ class GraphTaps {
   }
 
   // The call ends: taps return at once until the next open; gives the tensors recorded since open.
+  // A call that ended natively (no failure) leaves the values of the tensors read so far to the
+  // later calls of its iteration (StatsMemo::carry; the caller flushes the batch after this).
   int64_t close() {
+    if (memo_ && entries_) {
+      if (state_ == kNative) {
+        memo_->carry(py::reinterpret_borrow<py::list>(entries_), iteration_);
+      } else {
+        memo_->leave();
+      }
+    }
     state_ = kClosed;
     recorder_ = folder_ = acquire_ = release_ = clock_ = clock_acquire_ = clock_release_ = py::object();
     const int64_t n = count_;
@@ -170,7 +182,9 @@ class GraphTaps {
 
   // For good (the session closed or the graph failed): every reference to Python objects dropped.
   void release() {
+    state_ = kClosed;
     close();
+    if (memo_) memo_->drop_carried();
     memo_ = nullptr;
     memo_obj_ = entries_ = dtypes_ = runtime_ = py::object();
   }
@@ -380,6 +394,7 @@ class GraphTaps {
   std::vector<std::vector<std::pair<std::vector<int64_t>, py::object>>> shapes_;   // per (op, side), per slot
   State state_ = kClosed;
   int64_t count_ = 0;
+  int64_t iteration_ = -1;
   py::object recorder_, folder_, acquire_, release_, clock_, clock_acquire_, clock_release_;
 };
 
@@ -397,8 +412,10 @@ void register_row_sink(py::module& m) {
   taps.def(py::init<py::object, py::list, py::list, py::object, py::list, py::object, py::object>(),
            py::arg("memo"), py::arg("entries"), py::arg("dtypes"), py::arg("parameter_type"), py::arg("names"),
            py::arg("armed"), py::arg("runtime_ref"))
-      .def("open", &GraphTaps::open, py::arg("recorder"), py::arg("folder"), py::arg("native"))
-      .def("close", &GraphTaps::close, "stop recording until the next open; the tensors recorded since open")
+      .def("open", &GraphTaps::open, py::arg("recorder"), py::arg("folder"), py::arg("native"), py::arg("iteration"))
+      .def("close", &GraphTaps::close,
+           "stop recording until the next open (a native call's values carried to its iteration's next calls); "
+           "the tensors recorded since open")
       .def("release", &GraphTaps::release, "stop for good, dropping every reference")
       .def("inputs", &GraphTaps::inputs, "tap(index, *tensors): an operator's inputs, before it runs")
       .def("outputs", &GraphTaps::outputs, "tap(index, value): an operator's outputs, after it ran")

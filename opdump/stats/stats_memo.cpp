@@ -19,6 +19,13 @@
 //   gaps: also the same sizes and strides) and its version counter value is the
 //   current tensor's (no in-place write since; inference tensors, which have no
 //   counter, are never reused);
+// * across batches, only within one iteration and only when asked: `carry(entries, tag)` (the
+//   graph taps' close, opdump/stats/row_sink.cpp GraphTaps) keeps the values of the batch's
+//   entries; after `enter(tag)` with the same tag (the next graph call of that iteration: a
+//   backward reading the tensors its forward saved) a tensor found there under the same rules
+//   (alive, same memory, same version) gets those values back as a new entry of the current
+//   batch, exactly what reading it again would give, without the read; `enter` with another
+//   tag drops them; lookups between `carry` and `enter` do not use them;
 // * a tensor with gaps of at most 32 MiB is copied to contiguous memory (without
 //   autograd, below Python dispatch modes) and read in one pass;
 // * the GIL is released while copying and reading; the map is only touched with it held.
@@ -87,6 +94,15 @@ pybind11::object StatsMemo::stats(const at::Tensor& t, int64_t index) {
   if (it != map_.end() && version >= 0 && it->second.version == version && !it->second.tensor.expired()) {
     return pybind11::int_(it->second.index);
   }
+  if (carry_on_ && version >= 0 && !carried_.empty()) {      // read in an earlier call of this iteration
+    auto c = carried_.find(key);
+    if (c != carried_.end() && c->second.version == version && !c->second.tensor.expired()) {
+      pybind11::object value = c->second.value;
+      map_.insert_or_assign(std::move(key),
+                            MemoEntry{c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()), version, index});
+      return value;
+    }
+  }
   pybind11::object fused;
   if (dense) {
     fused = host_ ? host_stats(t) : fused_stats(t);
@@ -118,6 +134,40 @@ void StatsMemo::forget(const at::Tensor& t) {
   if (!handled(t)) return;
   map_.erase(key_of(t, true));
   map_.erase(key_of(t, false));
+  carried_.erase(key_of(t, true));
+  carried_.erase(key_of(t, false));
+}
+
+int64_t StatsMemo::carry(pybind11::list entries, int64_t tag) {
+  if (tag != carried_tag_) carried_.clear();
+  carried_tag_ = tag;
+  carry_on_ = false;
+  const Py_ssize_t n = PyList_GET_SIZE(entries.ptr());
+  int64_t kept = 0;
+  for (const auto& kv : map_) {
+    const MemoEntry& e = kv.second;
+    if (e.index < 0 || e.index >= n || e.version < 0 || e.tensor.expired()) continue;
+    PyObject* value = PyList_GET_ITEM(entries.ptr(), e.index);     // borrowed
+    if (!PyTuple_Check(value) || PyTuple_GET_SIZE(value) != opdump::contract::kFusedFields) continue;
+    carried_.insert_or_assign(kv.first, CarriedEntry{e.tensor, e.version,
+                                                     pybind11::reinterpret_borrow<pybind11::object>(value)});
+    ++kept;
+  }
+  return kept;
+}
+
+void StatsMemo::enter(int64_t tag) {
+  if (tag != carried_tag_) {
+    carried_.clear();
+    carried_tag_ = tag;
+  }
+  carry_on_ = true;
+}
+
+void StatsMemo::drop_carried() {
+  carried_.clear();
+  carried_tag_ = -1;
+  carry_on_ = false;
 }
 
 // The operator that wrote `t` (just read as its output) has returned: the entry takes
@@ -144,7 +194,14 @@ void register_stats_memo(pybind11::module& m) {
       .def_static("takes", &StatsMemo::takes, "whether stats() reads this tensor (else it gives None)")
       .def("forget", &StatsMemo::forget, "the tensor is being written: forget its memory")
       .def("settle", &StatsMemo::settle, "its writer returned: the entry takes its current version")
-      .def("clear", &StatsMemo::clear)
+      .def("clear", &StatsMemo::clear, "forget this batch's entries (values carried for an iteration stay)")
+      .def("carry", &StatsMemo::carry, pybind11::arg("entries"), pybind11::arg("tag"),
+           "keep the values of this batch's entries (the batch's list) for later batches of iteration `tag`; "
+           "how many")
+      .def("enter", &StatsMemo::enter, pybind11::arg("tag"),
+           "a batch of iteration `tag` starts: values carried for it are used, any other iteration's dropped")
+      .def("drop_carried", &StatsMemo::drop_carried)
+      .def_property_readonly("carried", &StatsMemo::carried, "values carried from earlier batches")
       .def("__len__", &StatsMemo::size)
       .def_property_readonly("reads", &StatsMemo::reads, "tensors read (not found), over the memo's life");
 }

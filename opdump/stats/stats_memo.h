@@ -30,6 +30,13 @@ struct MemoEntry {
   int64_t index;
 };
 
+// The values of a tensor read in an earlier batch of the same iteration (see StatsMemo::carry).
+struct CarriedEntry {
+  c10::weak_intrusive_ptr<c10::TensorImpl> tensor;
+  int64_t version;
+  pybind11::object value;          // the fused tuple (contract.h FusedField), immutable
+};
+
 class StatsMemo {
  public:
   // host: read tensors with the host mode's float64 accumulation (cpu_kernel.cpp host_stats)
@@ -45,11 +52,25 @@ class StatsMemo {
   void clear() { map_.clear(); }
   size_t size() const { return map_.size(); }
   int64_t reads() const { return reads_; }
+  // Keep the values of this batch's entries (`entries`: the batch's list, indexed as the
+  // map's entries) for the later batches of iteration `tag`; lookups stop using them until
+  // enter(tag).  Returns how many were kept.
+  int64_t carry(pybind11::list entries, int64_t tag);
+  // A batch of iteration `tag` starts taking tensors: values carried for `tag` are used
+  // again, those of any other iteration dropped.
+  void enter(int64_t tag);
+  // Lookups stop using carried values (kept) until the next enter.
+  void leave() { carry_on_ = false; }
+  void drop_carried();
+  size_t carried() const { return carried_.size(); }
 
  private:
   std::unordered_map<MemoKey, MemoEntry, MemoKeyHash> map_;
-  int64_t reads_ = 0;
-  bool host_ = false;   // tensors read (not found), over the memo's life
+  std::unordered_map<MemoKey, CarriedEntry, MemoKeyHash> carried_;
+  int64_t carried_tag_ = -1;    // the iteration carried_ belongs to
+  bool carry_on_ = false;       // entered for carried_tag_: lookups may use carried_
+  int64_t reads_ = 0;           // tensors read (not found), over the memo's life
+  bool host_ = false;
 };
 
 }  // namespace opdump

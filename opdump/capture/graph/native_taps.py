@@ -15,6 +15,10 @@ Guarantees:
   it does not take to the runtime's Python taps (``GraphRuntime.tap_inputs``/``tap_outputs``);
 * :func:`fast` is checked at every dumped call's start: when it no longer holds (an online
   compare, a folder filter), every tap of that call goes to the Python taps;
+* the statistics a call read are carried to the later calls of the same iteration (a backward
+  reads the tensors its forward saved without reading them again: ``StatsMemo.carry``/``enter``,
+  called by ``GraphTaps.close``/``open``), reused only under the memo's rules (the tensor alive,
+  the same memory, the same version counter value); a new iteration starts with nothing carried;
 * ``OPDUMP_GRAPH_NATIVE_TAPS=0`` in the environment (read when a graph is instrumented) keeps
   the Python taps: the reference the parity tests compare with.
 """

@@ -91,6 +91,8 @@ class GraphRuntime:
                 return
             folder = session.iteration_dir(self.graph_id)
             recorder = self.recorder
+            if self.native is not None:      # first: the parameters below may use values carried in the memo
+                self.native.open(recorder, folder, native_taps.fast(recorder), session.iteration)
             if self.holding:
                 self._close_window()             # a call that never reached its end (it raised)
                 self._window = recorder.holds.open()
@@ -106,8 +108,6 @@ class GraphRuntime:
                     if op.selected:
                         recorder.record_kernel_args(folder, op)
             self.folder = folder
-            if self.native is not None:
-                self.native.open(recorder, folder, native_taps.fast(recorder))
         except Exception as exc:  # noqa: BLE001 - the dump must never break the step
             self._failed(exc, "the start of a dumped call")
 
