@@ -32,6 +32,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
@@ -40,6 +41,7 @@
 #include <torch/csrc/utils/tensor_memoryformats.h>
 
 #include <chrono>
+#include <cstring>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -79,6 +81,7 @@ struct Ctx : at::ObserverContext {
   bool excluded = false;         // ADInplaceOrView excluded at its start
   bool captured = false;         // named and recorded
   bool top = false;              // a candidate outside everything (its sequence number -> Default)
+  const char* opname = nullptr;
   int phase = -1;
   Overload* ov = nullptr;
   int scope = -1;
@@ -107,6 +110,8 @@ struct State {
   std::string error;
   // settings
   bool dump_in = true, dump_out = true, capture_all = false;
+  bool probe = false;            // names only, beside the Python capture (path.py: the probe iteration)
+  int64_t probe_modes = 0;       // the dispatch modes on the stack when the probe started
   // Python call-backs
   py::object bind_cb, info_cb, owner_cb, slow_cb, describe_start_cb, describe_end_cb;
   // the iteration: rows, statistics batch
@@ -346,10 +351,16 @@ int backward_scope(torch::autograd::Node* node, int64_t* forward_index) {
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (g == nullptr || g->paused || g->failed || t_inside) return nullptr;
+  // probe: a call made while the Python capture's dispatch mode handles an operator (the mode is
+  // off its stack then: its own call of the operator, opdump's work, the detach of an output an
+  // autograd node saves, which plain eager makes with no dispatcher call) is none of the user's
+  if (g->probe && static_cast<int64_t>(c10::impl::TorchDispatchModeTLS::stack_len()) < g->probe_modes) return nullptr;
   t_inside = true;
   auto ctx = std::make_unique<Ctx>();
   try {
-    ctx->excluded = c10::impl::tls_local_dispatch_key_set().excluded_.has(c10::DispatchKey::AutogradCPU);
+    // the autograd functionality bit (AutoDispatchBelowADInplaceOrView and inference mode exclude
+    // it with no backend bit: has(AutogradCPU) would ask for the CPU bit too)
+    ctx->excluded = c10::impl::tls_local_dispatch_key_set().excluded_.has(c10::DispatchKey::AutogradFunctionality);
     if (!t_candidates.empty()) {
       Ctx* outer = t_candidates.back();
       if (outer->excluded || ctx->excluded) {    // from the enclosing operator's kernel
@@ -363,11 +374,12 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
       return ctx;
     }
     if (!t_candidates.empty()) {   // called by an enclosing operator's autograd kernel
-      fail(std::string("an operator called ") + fn.name() + " above autograd: its order cannot be rebuilt natively");
+      fail(std::string("an operator (") + (t_candidates.back()->opname ? t_candidates.back()->opname : "?") + ") called " + fn.name() + " above autograd: its order cannot be rebuilt natively");
       t_inside = false;
       return nullptr;
     }
     ctx->candidate = true;
+    ctx->opname = fn.name();
     ctx->ov = ov;
     t_candidates.push_back(ctx.get());
     // where it runs (dispatch.py OperatorPath._phase)
@@ -412,7 +424,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     std::string name = g->scopes[scope] + "/" + ov->op_type_s + "-op" + std::to_string(ctx->index);
     const bool listed = g->listed.count(name) > 0;
     auto inputs = fn.inputs();
-    if (listed) {
+    if (listed && !g->probe) {
       for (const c10::IValue& v : inputs) {
         if (nonfinite_scalar(v)) {
           g->nonfinite.push_back(name);
@@ -423,7 +435,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     g->names.push_back(name);
     g->all_names.push_back(name);
     ctx->name = py::str(name);
-    if (!listed) {
+    if (!listed && !g->probe) {
       py::list args;
       const auto schema = fn.operator_schema();
       for (size_t i = 0; i < inputs.size(); ++i) {
@@ -442,6 +454,10 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
                                                               : py::object(py::none()),
                                            var, py::str(fn.name()), args);
       g->listed.insert(name);
+    }
+    if (g->probe) {     // names only: the Python capture records this iteration
+      t_inside = false;
+      return ctx;
     }
     std::vector<c10::optional<at::Tensor>> flat_in;
     if (g->dump_in || ov->writes_list) {
@@ -487,6 +503,12 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
     } else if (c->captured) {
       if (c->phase <= kModule) {   // forward (dispatch.py: phase <= Phase.MODULE)
         g->seq.emplace(seqnr, std::make_pair(c->scope, c->index));
+      }
+      if (g->probe) {
+        py::gil_scoped_acquire gil;
+        c->name = py::object();
+        t_inside = false;
+        return;
       }
       py::gil_scoped_acquire gil;
       at::RecordFunctionGuard off(false);
@@ -570,6 +592,11 @@ void install(py::object memo, py::list entries, py::list dtypes) {
   }
 }
 
+void set_probe(bool on, int64_t modes) {
+  g->probe = on;
+  g->probe_modes = modes;
+}
+
 void uninstall() {
   if (g != nullptr && g->installed) {
     at::removeCallback(g->handle);
@@ -625,6 +652,7 @@ void register_eager_observer(py::module& m) {
   sub.def("configure", &configure);
   sub.def("install", &install);
   sub.def("uninstall", &uninstall);
+  sub.def("set_probe", &set_probe);
   sub.def("new_iteration", &new_iteration);
   sub.def("pause", &observer_pause);
   sub.def("resume", &observer_resume);

@@ -108,6 +108,11 @@ class NativeEager:
     _native_static: Optional[bool] = None
     _native_state = None          # the IterationState whose names the observer is counting
     _native_pushed = 0            # listing entries the observer was told about
+    _native_probing = False       # the observer names the Python capture's iteration beside it (no rows)
+    _native_verdict = None        # None: not probed yet; True: the probe's names were the capture's; str: why not
+    _native_probe_names: List[str] = []
+    _native_probe_state = None    # the IterationState the probe names
+    _native_dropped = None        # the IterationState a native failure dropped (nothing more of it is captured)
     _internal_n = 0
 
     # ``_internal`` > 0 while opdump's own Python runs inside a capture (its operators are not the
@@ -156,9 +161,22 @@ class NativeEager:
         """Called where the dispatch mode is pushed or popped (``_sync_mode``): whether the
         dispatch mode is wanted for the iteration about to run (False: the observer serves it)."""
         try:
-            use = (want and not self._native_broken and self._dumped_any and self.listing.order_written
-                   and self._active and self._native_eligible() and not _compiled_anything()
-                   and torch._C._len_torch_dispatch_stack() == (1 if self._pushed_mode() else 0))
+            if self._native_dropped is not None:
+                if self._native_dropped is self._state and self._active:
+                    return False        # the rest of an iteration a native failure dropped: nothing
+                self._native_dropped = None
+            if self._native_probing:
+                probed = self._native_probe_state
+                if want and (probed is None or probed is self._state):
+                    return want         # the probed iteration goes on (or has not begun)
+                self._native_end_probe()
+            usable = (want and not self._native_broken and self._active and self._native_eligible()
+                      and not _compiled_anything()
+                      and torch._C._len_torch_dispatch_stack() == (1 if self._pushed_mode() else 0))
+            if usable and self._native_verdict is None and not self._dumped_any:
+                self._native_install(probe=True)
+                return want
+            use = usable and self._native_verdict is True and self._dumped_any and self.listing.order_written
             if use and not self._native_live:
                 self._native_install()
             elif not use and self._native_live:
@@ -171,7 +189,29 @@ class NativeEager:
     def _pushed_mode(self) -> bool:
         return bool(getattr(self, "_pushed", False)) and self._mode is not None
 
-    def _native_install(self) -> None:
+    def _native_end_probe(self) -> None:
+        """The probed iteration is over: the native path may serve later iterations only if the
+        observer named every operator of it as the Python capture did (same names, same order)."""
+        state = self._native_probe_state
+        self._native_uninstall()
+        self._native_probing = False
+        self._native_obs.set_probe(False, 0)
+        if self._native_broken:
+            return
+        names, python = self._native_probe_names, (state.names if state is not None else None)
+        self._native_probe_names = []
+        if python is None or not python:
+            self._native_verdict = None             # nothing was dumped: probe the next dumped iteration
+        elif names == python:
+            self._native_verdict = True
+        else:
+            at = next((i for i, (a, b) in enumerate(zip(names, python)) if a != b), min(len(names), len(python)))
+            self._native_verdict = (f"its operators differ from the Python capture's at #{at} "
+                                    f"({names[at] if at < len(names) else 'end'} vs "
+                                    f"{python[at] if at < len(python) else 'end'})")
+            self._native_fail(self._native_verdict)
+
+    def _native_install(self, probe: bool = False) -> None:
         obs = _observer()
         self._native_obs = obs
         obs.configure(self._native_info, self._native_bind, self._native_owner, self._native_slow,
@@ -182,6 +222,10 @@ class NativeEager:
         self._native_pushed = len(names)
         obs.new_iteration()
         self._native_state = None
+        self._native_probing = probe
+        self._native_probe_state = None
+        self._native_probe_names = []
+        obs.set_probe(probe, 1 if probe else 0)     # probe: our dispatch mode will be on the stack
         batch = self._native_batch()
         obs.install(batch._memo, batch._entries, batch._dtypes)
         self._native_live = True
@@ -203,8 +247,13 @@ class NativeEager:
         self._native_state = None
 
     def _native_fail(self, why: str) -> None:
+        dropped = ""
+        state = self._native_state
+        if self._native_live and not self._native_probing and state is not None:
+            self._native_drop(state)
+            dropped = f"; iteration {state.number} is not dumped"
         if not self._native_broken:
-            warnings.warn(f"opdump: the native eager capture stopped ({why}); the Python capture serves the "
+            warnings.warn(f"opdump: the native eager capture stopped ({why}){dropped}; the Python capture serves the "
                           f"following iterations",
                           RuntimeWarning, stacklevel=2)
         self._native_broken = True
@@ -215,6 +264,20 @@ class NativeEager:
                 pass
             self._native_live = False
             self.tracker.on_change = None
+        self._native_probing = False
+
+    def _native_drop(self, state) -> None:
+        """A native iteration met what the observer does not model: none of its rows is written
+        (they were queued, never flushed: a dump never mixes native and Python rows, nor holds
+        rows the Python capture would not have written), and nothing more of it is captured."""
+        recorder = self.session.recorder
+        if state.folder is not None:
+            with recorder._lock:
+                recorder._pending.pop(state.folder, None)
+        state.names = []
+        state.n = 0
+        self._native_dropped = state
+        self._dumping = False
 
     # ------------------------------------------------------------------ boundaries
     def _native_batch(self):
@@ -224,6 +287,13 @@ class NativeEager:
         obs = self._native_obs
         names, nonfinite, recorded, ts = obs.pause()
         state = self._native_state
+        if self._native_probing:
+            self._native_probe_names += names
+            error = obs.take_error()
+            if error is not None:
+                self._native_verdict = error
+                self._native_fail(error)
+            return
         if state is not None and names:
             state.names += names
             state.n = len(state.names)
@@ -251,6 +321,11 @@ class NativeEager:
         if state is not None and state is not self._native_state:
             self._native_obs.new_iteration()
             self._native_state = state
+            if self._native_probing:
+                if self._native_probe_state is None:
+                    self._native_probe_state = state
+                    self._native_probe_names = []
+                return
             self._native_pushed_names()
 
     def _native_pushed_names(self) -> None:
