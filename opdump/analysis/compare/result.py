@@ -70,8 +70,8 @@ class CompareResult:
                 or (self.rule == RULE_FIRST_DIFFERENCE and self.first_difference is not None))
 
     def to_csv(self, path: Union[str, os.PathLike]) -> None:
-        replace_whole(path, lambda tmp: self.table.to_csv(tmp, index=False,
-                                                          errors="backslashreplace"))   # undecodable names
+        from .table_csv import write_table_csv      # pandas' bytes, column-wise (.table_csv)
+        replace_whole(path, lambda tmp: write_table_csv(self.table, tmp))
 
     def to_html(self, path: Union[str, os.PathLike], **kw) -> None:
         from ..report import write_html_report

@@ -26,6 +26,28 @@ from .values import arg_text, flat_tensors, has_nonfinite_arg, meta, non_tensor_
 _current_node = torch._C._current_autograd_node
 _get_sequence_nr = torch.autograd._get_sequence_nr
 _ACCUMULATE = "torch::autograd::AccumulateGrad"
+_DETACH = torch.ops.aten.detach.default
+_excluded = torch._C._dispatch_tls_is_dispatch_key_excluded
+_AD_INPLACE_OR_VIEW = torch._C.DispatchKey.ADInplaceOrView
+
+
+def observation_only(func) -> bool:
+    """True for a call that exists only because a dispatch mode is watching: a ``detach``
+    that did not come through the dispatcher.
+
+    Under any dispatch mode, ``TensorImpl::shallow_copy_and_detach`` (autograd saving an
+    operator's output for backward and unpacking it again, ``.data``, ``tensor_data()``)
+    calls the Python interpreter's ``detach`` directly, where plain eager copies the
+    ``TensorImpl`` with no dispatcher call at all.  A real ``aten::detach`` (the user's
+    ``x.detach()``, AccumulateGrad's) reaches the mode through the dispatcher's Python key,
+    whose fallback excludes every key above it -- ``ADInplaceOrView`` among them -- from
+    the thread's dispatch; the direct call runs with the thread's ordinary key set, where
+    ``ADInplaceOrView`` is not excluded (inference mode drops it from the *included* set
+    instead).  Only ``detach`` is checked: one identity test per operator.
+    """
+    return func is _DETACH and not _excluded(_AD_INPLACE_OR_VIEW)
+
+
 
 
 class _DumpMode(TorchDispatchMode):
@@ -43,6 +65,9 @@ class _DumpMode(TorchDispatchMode):
         return True
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is _DETACH and not _excluded(_AD_INPLACE_OR_VIEW):
+            # the mode's own artefact (see observation_only): plain eager runs no operator here
+            return func(*args, **kwargs) if kwargs else func(*args)
         cap = self.capture
         if cap._checked != self.session.iteration:
             cap._refresh()
