@@ -1,11 +1,11 @@
 """Eager statistics dump: the Python capture vs the native observer vs plain eager.
 
-``python bench/native_eager.py [--steps N] [--quick] [--write]``: per workload (AlexNet, the
-transformer encoder; bench/models.py), the median step time and CPU time of plain eager, of a
-statistics dump of every operator of every step served by the Python capture, and of the same
-dump with ``OPDUMP_NATIVE_EAGER=1`` (iteration 0 is the Python capture's in both, and
-the observer's first iteration describes the names it sees anew: the first 3 dumped steps
-are not timed).  Ratios are medians over the same process, plain eager measured before and
+``python bench/native_eager.py [--steps N] [--quick] [--only NAME,...] [--write]``: per workload
+(AlexNet, the transformer encoder, the Llama-style decoder; bench/models.py), the median step
+time and CPU time of plain eager, of a statistics dump of every operator of every step served by
+the Python capture, and of the same dump with ``OPDUMP_NATIVE_EAGER=1`` (iteration 0 is the
+Python capture's in both, with the observer's probe beside it in the native run: the first 3
+dumped steps are not timed; "served" says whether the observer served the timed steps).  Ratios are medians over the same process, plain eager measured before and
 after (their mean is the reference).  ``--write`` puts the table between
 ``<!-- native-eager: begin -->`` and ``<!-- native-eager: end -->`` in BENCHMARKS.md.
 
@@ -73,10 +73,10 @@ def _dumped(make, n, native_on):
         shutil.rmtree(root, ignore_errors=True)
 
 
-def measure(quick: bool, steps: int):
+def measure(quick: bool, steps: int, only=("alexnet", "transformer", "decoder")):
     torch.set_num_threads(max(1, torch.get_num_threads()))
     out = []
-    for name in ("alexnet", "transformer"):
+    for name in only:
         make = (lambda name=name: getattr(models, name)(quick=quick))
         load0 = os.getloadavg()[0]
         p1 = _plain(make, steps)
@@ -97,8 +97,8 @@ def measure(quick: bool, steps: int):
 def block(results) -> str:
     lines = [BEGIN, "",
              "Eager statistics dump (device statistics, every operator, every step), medians in one process; "
-             "`python bench/native_eager.py --write`. Native = `OPDUMP_NATIVE_EAGER=1` (opt-in: its iterations "
-             "lack the dispatch-mode-only `detach` operators, see README, Eager mode).", "",
+             "`python bench/native_eager.py --write`. Native = `OPDUMP_NATIVE_EAGER=1` (opt-in, same dump as the "
+             "Python capture's, see README, Eager mode).", "",
              "| workload | plain eager (ms) | Python capture | native observer | CPU-time ratio Python / native "
              "| plain drift | load avg (start, end) |",
              "|---|---|---|---|---|---|---|"]
@@ -127,9 +127,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", default="alexnet,transformer,decoder", help="workloads, comma-separated")
     ap.add_argument("--write", action="store_true", help="update BENCHMARKS.md's native-eager block")
     args = ap.parse_args(argv)
-    results = measure(args.quick, args.steps)
+    results = measure(args.quick, args.steps, tuple(args.only.split(",")))
     print(json.dumps(results, indent=1))
     text = block(results)
     print(text)

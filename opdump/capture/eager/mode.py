@@ -202,6 +202,7 @@ class EagerCapture(NativeEager, OperatorPath):
         elif not want and self._pushed and _get_current_dispatch_mode() is mode:
             mode.__exit__(None, None, None)
             self._pushed = False
+        self._native_settle()               # the observer's inert mode, once ours is off the stack
 
     def stop(self) -> None:
         """Uninstall everything and write the files of the iteration in progress."""

@@ -1,17 +1,24 @@
 // The native eager observer: operators seen from C++ (RecordFunction callbacks), named and
 // recorded as statistic.csv rows with no Python per operator.
 //
-// What it sees (README, "Eager mode: native statistics path"): exactly the operators the
+// What it sees (README, "Eager mode", native statistics path): exactly the operators the
 // Python capture's dispatch mode sees, i.e. the calls that would reach the Python dispatch
 // key:
-// * a call whose kernel for CPU autograd is the CompositeImplicitAutograd decomposition is
-//   not an operator of its own (its children are);
+// * a call whose kernel for CPU autograd is the CompositeImplicitAutograd decomposition (read
+//   from the computed dispatch table) is not an operator of its own (its children are); nor is
+//   detach_ (its autograd kernel never redispatches);
+// * a call made with the Python key excluded (torch.tensor()'s own empty/copy) never reaches
+//   a mode;
 // * a call made while another such operator runs is dropped when it comes from that
-//   operator's kernel (below autograd: the TLS excluded set then holds the autograd keys,
-//   which the enclosing operator's start did not have, or had already: inference mode);
+//   operator's kernel (below autograd: the TLS excluded set then holds the autograd
+//   functionality, which the enclosing operator's start did not have, or had already:
+//   inference mode);
 // * a call made by an enclosing operator's autograd kernel (above the Python key) would be
-//   seen by the dispatch mode *before* the enclosing one: that order cannot be rebuilt
-//   here, so it is an error (the native path gives up, see observer.py).
+//   seen by the dispatch mode *before* the enclosing one: that order is not rebuilt here, so
+//   it is an error (path.py: met in the probe, the native path is never used; met in a served
+//   iteration, that iteration is dropped).
+// Probe (path.py): beside the Python capture's dispatch mode, names only, and a call made
+// while the mode handles an operator (the mode is off the stack then) is ignored.
 // Names, scopes (module stack pushed from Python at module boundaries, autograd sequence
 // numbers for backward operators, the optimizer), the per-iteration index and the rows
 // follow opdump/capture/eager/dispatch.py; an operator whose name is not in the listing is
@@ -111,7 +118,8 @@ struct State {
   // settings
   bool dump_in = true, dump_out = true, capture_all = false;
   bool probe = false;            // names only, beside the Python capture (path.py: the probe iteration)
-  int64_t probe_modes = 0;       // the dispatch modes on the stack when the probe started
+  int64_t modes = 0;             // the dispatch modes of ours on the stack (the probe's, or the inert one)
+  bool inert = false;            // serving: the inert mode is on the stack (python_keys_off)
   // Python call-backs
   py::object bind_cb, info_cb, owner_cb, slow_cb, describe_start_cb, describe_end_cb;
   // the iteration: rows, statistics batch
@@ -173,6 +181,9 @@ Overload* overload_of(const at::RecordFunction& fn) {
               std::string::npos;
       }
     }
+    // detach_'s autograd kernel (VariableTypeManual.cpp) does the whole work and never
+    // redispatches: a dispatch mode never sees it (torch.tensor() calls it after lift_fresh)
+    if (opname->name == "aten::detach_") cia = true;
     ov->cia = cia;
     if (!cia) {
       py::gil_scoped_acquire gil;
@@ -196,10 +207,32 @@ Overload* overload_of(const at::RecordFunction& fn) {
   return raw;
 }
 
+bool autograd_input(c10::ArrayRef<c10::IValue> inputs) {
+  for (const c10::IValue& v : inputs) {
+    if (v.isTensor()) {
+      if (v.toTensor().defined() && v.toTensor().key_set().has(c10::DispatchKey::AutogradFunctionality)) return true;
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList())
+        if (t.defined() && t.key_set().has(c10::DispatchKey::AutogradFunctionality)) return true;
+    } else if (v.isList()) {
+      for (const c10::IValue& e : v.toListRef())
+        if (e.isTensor() && e.toTensor().defined() &&
+            e.toTensor().key_set().has(c10::DispatchKey::AutogradFunctionality)) return true;
+    }
+  }
+  return false;
+}
+
+// a Python number torch wrapped into a 0-d tensor (mul_(2.0)): a dispatch mode receives the number
+bool wrapped_number(const c10::IValue& v) {
+  return v.isTensor() && v.toTensor().defined() && v.toTensor().unsafeGetTensorImpl()->is_wrapped_number();
+}
+
 // an argument as a dispatch mode receives it (torch's parseIValuesToPyArgsKwargs: dtype, layout and
 // memory format arguments, ints in the IValue, become their Python objects)
 py::object to_python(const c10::Argument& arg, const c10::IValue& v) {
   if (v.isNone()) return py::none();
+  if (wrapped_number(v)) return torch::jit::toPyObject(c10::IValue(v.toTensor().item()));
   c10::TypePtr t = arg.real_type();
   if (t->kind() == c10::OptionalType::Kind) t = t->castRaw<c10::OptionalType>()->getElementType();
   if (v.isInt()) {
@@ -226,6 +259,7 @@ bool nonfinite_scalar(const c10::IValue& v) {
            a == 1.7976931348623157e+308;
   };
   if (v.isDouble()) return bad(v.toDouble());
+  if (wrapped_number(v) && c10::isFloatingType(v.toTensor().scalar_type())) return bad(v.toTensor().item().toDouble());
   if (v.isDoubleList()) {
     for (double x : v.toDoubleList()) if (bad(x)) return true;
   }
@@ -234,7 +268,7 @@ bool nonfinite_scalar(const c10::IValue& v) {
 
 void flat(const c10::IValue& v, std::vector<c10::optional<at::Tensor>>& out) {
   if (v.isTensor()) {
-    if (v.toTensor().defined()) out.emplace_back(v.toTensor());
+    if (v.toTensor().defined() && !wrapped_number(v)) out.emplace_back(v.toTensor());
   } else if (v.isTensorList()) {
     for (const at::Tensor& t : v.toTensorList()) if (t.defined()) out.emplace_back(t);
   } else if (v.isList()) {
@@ -322,7 +356,10 @@ void record(Ctx* c, const py::object& io, const std::vector<c10::optional<at::Te
 // scope id of a backward operator running `node`; -1: not captured (a compiled region)
 int backward_scope(torch::autograd::Node* node, int64_t* forward_index) {
   *forward_index = -1;
-  auto it = g->seq.find(static_cast<int64_t>(node->sequence_nr()));
+  // AccumulateGrad's sequence number is UINT64_MAX: no forward operator's (as in dispatch.py,
+  // whose Python ints never wrap to the -1 a forward call may have stored)
+  const uint64_t nr = node->sequence_nr();
+  auto it = nr > static_cast<uint64_t>(INT64_MAX) ? g->seq.end() : g->seq.find(static_cast<int64_t>(nr));
   if (it != g->seq.end()) {
     *forward_index = it->second.second;
     const int fwd = it->second.first;
@@ -349,18 +386,40 @@ int backward_scope(torch::autograd::Node* node, int64_t* forward_index) {
   return g->gradients;
 }
 
+// served iterations (path.py's inert mode on the stack): the Python dispatch keys stay off the
+// thread's included set, so that operators do not reach the mode; a mode handling a detach (an
+// autograd node saving/unpacking an output) pushes it back on the stack afterwards, which turns
+// them on again: off again at the next callback (the operator whose keys were computed before
+// reaches the inert mode, which forwards it)
+inline void python_keys_off() {
+  if (g->inert) {
+    c10::impl::tls_set_dispatch_key_included(c10::DispatchKey::Python, false);
+    c10::impl::tls_set_dispatch_key_included(c10::DispatchKey::PythonTLSSnapshot, false);
+  }
+}
+
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
-  if (g == nullptr || g->paused || g->failed || t_inside) return nullptr;
-  // probe: a call made while the Python capture's dispatch mode handles an operator (the mode is
-  // off its stack then: its own call of the operator, opdump's work, the detach of an output an
-  // autograd node saves, which plain eager makes with no dispatcher call) is none of the user's
-  if (g->probe && static_cast<int64_t>(c10::impl::TorchDispatchModeTLS::stack_len()) < g->probe_modes) return nullptr;
+  if (g == nullptr) return nullptr;
+  python_keys_off();
+  if (g->paused || g->failed || t_inside) return nullptr;
+  // a call made while a dispatch mode of ours handles an operator (the mode is off its stack
+  // then: the Python capture's own call of the operator and opdump's work in the probe; the
+  // detach of an output an autograd node saves, which plain eager makes with no dispatcher call,
+  // under the probe's mode or the inert one, path.py) is none of the user's
+  if (static_cast<int64_t>(c10::impl::TorchDispatchModeTLS::stack_len()) < g->modes) return nullptr;
   t_inside = true;
   auto ctx = std::make_unique<Ctx>();
   try {
+    const c10::DispatchKeySet tls_excluded = c10::impl::tls_local_dispatch_key_set().excluded_;
+    // a call made with the Python key excluded (torch.tensor()'s own empty/copy/detach_) never
+    // reaches a dispatch mode: not an operator the Python capture sees
+    if (tls_excluded.has(c10::DispatchKey::Python)) {
+      t_inside = false;
+      return t_candidates.empty() ? nullptr : std::move(ctx);
+    }
     // the autograd functionality bit (AutoDispatchBelowADInplaceOrView and inference mode exclude
     // it with no backend bit: has(AutogradCPU) would ask for the CPU bit too)
-    ctx->excluded = c10::impl::tls_local_dispatch_key_set().excluded_.has(c10::DispatchKey::AutogradFunctionality);
+    ctx->excluded = tls_excluded.has(c10::DispatchKey::AutogradFunctionality);
     if (!t_candidates.empty()) {
       Ctx* outer = t_candidates.back();
       if (outer->excluded || ctx->excluded) {    // from the enclosing operator's kernel
@@ -380,6 +439,9 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     }
     ctx->candidate = true;
     ctx->opname = fn.name();
+    // a call with no tensor carrying the autograd key (a factory: zeros, full…) runs no autograd
+    // kernel: everything it calls comes from its kernel, below where a mode would have seen it
+    if (!ctx->excluded && !autograd_input(fn.inputs())) ctx->excluded = true;
     ctx->ov = ov;
     t_candidates.push_back(ctx.get());
     // where it runs (dispatch.py OperatorPath._phase)
@@ -490,7 +552,9 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
 }
 
 void on_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
-  if (raw == nullptr || g == nullptr) return;
+  if (g == nullptr) return;
+  python_keys_off();
+  if (raw == nullptr) return;
   Ctx* c = static_cast<Ctx*>(raw);
   if (!c->candidate) return;
   if (!t_candidates.empty() && t_candidates.back() == c) t_candidates.pop_back();
@@ -583,6 +647,8 @@ void install(py::object memo, py::list entries, py::list dtypes) {
   g->dtypes = std::move(dtypes);
   g->memo_obj = memo;
   g->memo = memo.cast<opdump::StatsMemo*>();
+  g->paused = 0;              // an earlier install's pause (uninstalled while paused) is over
+  t_candidates.clear();       // nothing is in flight at a boundary
   if (!g->installed) {
     g->handle = at::addThreadLocalCallback(at::RecordFunctionCallback(on_start, on_end)
                                                .needsInputs(true)
@@ -594,7 +660,12 @@ void install(py::object memo, py::list entries, py::list dtypes) {
 
 void set_probe(bool on, int64_t modes) {
   g->probe = on;
-  g->probe_modes = modes;
+  g->modes = modes;
+  g->inert = false;
+}
+
+void set_inert(bool on) {
+  g->inert = on;
 }
 
 void uninstall() {
@@ -653,6 +724,7 @@ void register_eager_observer(py::module& m) {
   sub.def("install", &install);
   sub.def("uninstall", &uninstall);
   sub.def("set_probe", &set_probe);
+  sub.def("set_inert", &set_inert);
   sub.def("new_iteration", &new_iteration);
   sub.def("pause", &observer_pause);
   sub.def("resume", &observer_resume);

@@ -10,6 +10,7 @@ timestamps, same rows in the same order; tests/test_native_eager*.py):
   compare, ``file_format`` npy, no ACL folder filter;
 * ``dump_mode`` 0 (every operator), ``op_debug_mode`` 0, no watcher, no ``save_kernel_args``;
 * not the first dumped iteration (that one writes the listing with the Python capture);
+* the probe passed (below);
 * nothing compiled in the process (``torch._dynamo`` has analysed no frame), no other
   dispatch mode on the stack;
 * ``OPDUMP_NATIVE_EAGER=1`` and the native module is built.
@@ -19,37 +20,35 @@ Python recorder, called from C++ for that operator side.  An operator whose name
 the listing yet is described by a call into Python (its sources, argument text and
 shapes), as the Python capture does.
 
-Not equal yet (why it is opt-in): under a dispatch mode, torch runs ``aten::detach`` where plain
-eager runs no operator at all -- an autograd node saving an operator's output for backward
-(``relu``, ``sigmoid``, ``softmax``…: ``SavedVariable`` calls ``shallow_copy_and_detach``, which
-goes through the mode), the same node unpacking it in backward, and gradient accumulation.
-The Python capture names and records these ``detach`` calls; the observer never sees them
-(they are no dispatcher calls), so on a model with such operators its iterations have every
-other operator and row, in the same order with the same scopes and statistics, but not
-those ``detach`` operators, and the indices after them are smaller (tests compare exactly
-that).  The listing then gains the shifted names as new entries.
+The probe (why a served iteration is the Python capture's): in the first dumped iteration
+the observer runs beside the Python capture's dispatch mode and only names operators (no
+rows; calls made while the mode handles an operator -- its own call of it, opdump's work,
+the ``detach`` of an output autograd saves -- are none of the user's: the mode is off the
+stack then).  At that iteration's end its names are compared with the capture's: the
+observer serves later iterations only if every name is the same, in the same order.  A
+difference, or a pattern the observer does not model (an operator called by another
+operator's autograd kernel, above autograd: the mode would see it first), is one
+``RuntimeWarning``; the Python capture then serves every iteration, so the dump is the
+Python capture's either way.
 
-Failure: anything the observer cannot handle (a C++ or Python error, an operator called
-above autograd by another one) turns it off; at the next module boundary one
-``RuntimeWarning`` says why and the Python capture serves every later iteration.  Nothing
-raises into the user's code.
+Failure: anything the observer cannot handle in a served iteration (a C++ or Python error,
+an operator called above autograd by another one -- a program whose operators changed
+since the probe) turns it off; none of that iteration's rows is written (they wait in the
+recorder until the iteration ends: never rows of both paths, never rows the Python capture
+would not write), one ``RuntimeWarning`` says why and which iteration is missing, and the
+Python capture serves every later iteration.  Nothing raises into the user's code.
 """
 from __future__ import annotations
 
 import os
 import sys
 import warnings
-from typing import Any, List, Optional
+from typing import List, Optional
 
 import torch
 
-from ...op_info import OpInfo
-from ...naming import backward_scope
-from ..schema import facts_of
-from ..scopes import _scope_of
-from ..sources import walk
-from ..state import Phase
-from ..values import flat_tensors, has_nonfinite_arg, non_tensor_args
+from .callbacks import NativeCallbacks
+from .inert import InertMode
 
 ENV_SWITCH = "OPDUMP_NATIVE_EAGER"
 
@@ -74,33 +73,7 @@ def _compiled_anything() -> bool:
     return bool(frames and any(frames.values()))
 
 
-def split_args(func, values: List[Any]):
-    """``(args, kwargs)`` as a dispatch mode receives them from the full argument list: kwarg-only
-    arguments by name unless they hold their default, trailing defaulted positional ones left out."""
-    schema = func._schema
-    arguments = schema.arguments
-    positional, kwargs = [], {}
-    for arg, value in zip(arguments, values):
-        if arg.kwarg_only:
-            if not _is_default(arg, value):
-                kwargs[arg.name] = value
-        else:
-            positional.append((arg, value))
-    while positional and _is_default(*positional[-1]):
-        positional.pop()
-    return [v for _, v in positional], kwargs
-
-
-def _is_default(arg, value) -> bool:
-    if not arg.has_default_value():
-        return False
-    default = arg.default_value
-    if isinstance(value, torch.Tensor) or isinstance(default, torch.Tensor):
-        return False
-    return type(default) is type(value) and default == value
-
-
-class NativeEager:
+class NativeEager(NativeCallbacks):
     """The native path's side of :class:`~opdump.capture.eager.mode.EagerCapture`."""
 
     _native_live = False          # the observer is installed (it serves the dumped iteration in progress)
@@ -113,6 +86,8 @@ class NativeEager:
     _native_probe_names: List[str] = []
     _native_probe_state = None    # the IterationState the probe names
     _native_dropped = None        # the IterationState a native failure dropped (nothing more of it is captured)
+    _native_inert: Optional[InertMode] = None     # on the dispatch stack while the observer serves
+    _native_stray: Optional[str] = None            # an operator that reached it
     _internal_n = 0
 
     # ``_internal`` > 0 while opdump's own Python runs inside a capture (its operators are not the
@@ -172,7 +147,8 @@ class NativeEager:
                 self._native_end_probe()
             usable = (want and not self._native_broken and self._active and self._native_eligible()
                       and not _compiled_anything()
-                      and torch._C._len_torch_dispatch_stack() == (1 if self._pushed_mode() else 0))
+                      and torch._C._len_torch_dispatch_stack() == ((1 if self._pushed_mode() else 0)
+                                                                   + (1 if self._native_inert is not None else 0)))
             if usable and self._native_verdict is None and not self._dumped_any:
                 self._native_install(probe=True)
                 return want
@@ -225,7 +201,7 @@ class NativeEager:
         self._native_probing = probe
         self._native_probe_state = None
         self._native_probe_names = []
-        obs.set_probe(probe, 1 if probe else 0)     # probe: our dispatch mode will be on the stack
+        obs.set_probe(probe, 1)     # one mode of ours on the stack: the Python capture's (probe) or the inert one
         batch = self._native_batch()
         obs.install(batch._memo, batch._entries, batch._dtypes)
         self._native_live = True
@@ -235,11 +211,38 @@ class NativeEager:
         if self._internal_n:
             obs.pause()
 
+    def _native_settle(self) -> None:
+        """After ``_sync_mode`` popped the Python capture's mode: the inert mode goes on the stack
+        for an iteration the observer serves (it must be the only mode: it is popped last)."""
+        try:
+            if not self._native_live or self._native_probing or self._native_inert is not None:
+                return
+            if torch._C._len_torch_dispatch_stack() != 0:
+                self._native_fail("another dispatch mode is active")
+                self._sync_mode(self._dumping)
+                return
+            self._native_stray = None
+            inert = InertMode(self)
+            inert.push()
+            self._native_inert = inert
+            self._native_obs.set_inert(True)
+        except Exception as exc:  # noqa: BLE001 - never into the user's code
+            self._native_fail(f"{type(exc).__name__}: {exc}")
+
+    def _native_unsettle(self) -> None:
+        inert, self._native_inert = self._native_inert, None
+        if inert is not None:
+            self._native_obs.set_inert(False)
+        if inert is not None and not inert.pop():
+            warnings.warn("opdump: the native eager capture's inert dispatch mode stays on the stack under a "
+                          "mode entered later", RuntimeWarning, stacklevel=3)
+
     def _native_uninstall(self) -> None:
         obs = self._native_obs
         if not self._internal_n:
             self._native_pause()
         obs.uninstall()
+        self._native_unsettle()
         obs.set_scope(None)
         obs.set_optimizer(None)
         self._native_live = False
@@ -260,6 +263,7 @@ class NativeEager:
         if self._native_live:
             try:
                 self._native_obs.uninstall()
+                self._native_unsettle()
             except Exception:  # noqa: BLE001
                 pass
             self._native_live = False
@@ -309,6 +313,8 @@ class NativeEager:
         if ts > clock._last:
             clock._last = ts
         error = obs.take_error()
+        if error is None and self._native_stray is not None:
+            error = f"{self._native_stray} reached a dispatch mode: the observer cannot tell what the Python capture would see"
         if error is not None:
             self._native_fail(error)
 
@@ -342,81 +348,3 @@ class NativeEager:
         if self._native_live:
             opt = self._optimizers
             self._native_obs.set_optimizer(f"Default/optimizer-{opt[-1]}" if opt else None)
-
-    # ------------------------------------------------------------------ called from C++ (rare)
-    @staticmethod
-    def _native_info(name: str, overload: str):
-        """Per operator overload, once: (op type, written positions, writes a list, returns nothing),
-        or None when it is not dumped as an operator."""
-        ns, _, op = name.partition("::")
-        func = getattr(getattr(getattr(torch.ops, ns), op), overload or "default")
-        facts = facts_of(func)
-        if facts.types is None:
-            return None
-        return facts.types[0], [i for i, _ in facts.written], facts.writes_list, bool(facts.mutated)
-
-    def _native_bind(self):
-        """(the rows list of the iteration's folder, the clock's last stamp), or
-        None when no dumped iteration is in progress."""
-        state = self._state
-        if state is None or not self._dumping:
-            return None
-        self._native_new_state()
-        recorder = self.session.recorder
-        folder = state.folder or self._folder(state)
-        with recorder._lock:
-            rows = recorder._rows_of(folder)
-        return rows, recorder.clock._last
-
-    def _native_owner(self, var) -> Optional[str]:
-        """``Gradients/<scope>`` of the module owning parameter ``var`` (gradient accumulation)."""
-        state = self._state
-        owner = state.owners.get(id(var)) if state is not None else None
-        if owner is None:
-            return None
-        module_id, pairs, root = owner
-        info = state.modules.get(module_id) or (_scope_of(pairs, root), ())
-        return backward_scope(info[0])
-
-    def _native_slow(self, op_type, name, io, tensors, ts):
-        """One operator side with a tensor the native memo does not read: the Python recorder."""
-        recorder = self.session.recorder
-        if ts > recorder.clock._last:
-            recorder.clock._last = ts
-        op = OpInfo(0, op_type, "", "", (), ())
-        op.__dict__["full_name"] = name
-        recorder.record_all(self._folder(self._state), op, io, self._on_allowed_devices(tensors))
-        return recorder.clock._last
-
-    def _native_describe_start(self, index, op_type, overload, scope, phase, forward, var, qualname, values):
-        """A new operator (not in the listing): its listing entry, as the Python capture makes it."""
-        ns, _, op_name = qualname.partition("::")
-        func = getattr(getattr(getattr(torch.ops, ns), op_name), overload or "default")
-        args, kwargs = split_args(func, values)
-        state, listing = self._state, self.listing
-        ids, sources = (), ()
-        if phase == Phase.BACKWARD:
-            fwd = listing.ops.get(forward) if forward is not None else None
-            if fwd is not None:
-                ids, sources = fwd.module_ids, fwd.source
-            elif var is not None and state is not None:
-                owner = state.owners.get(id(var))
-                if owner is not None:
-                    ids = (state.modules.get(owner[0]) or ("", ()))[1]
-        elif phase == Phase.MODULE and self.tracker.stack:
-            ids = self.tracker.stack[-1].ids
-        if not sources:
-            sources = walk(1, True)[1]
-        op = OpInfo(index, op_type, scope, overload or "default", ids, sources)
-        op.nonfinite_args = has_nonfinite_arg(args, kwargs)
-        op.selected = True
-        op.args = non_tensor_args(func, args, kwargs)
-        inputs = flat_tensors(args, [])
-        if kwargs:
-            flat_tensors(kwargs.values(), inputs)
-        return op, args, kwargs, inputs
-
-    def _native_describe_end(self, token, outputs) -> None:
-        op, args, kwargs, inputs = token
-        self._describe(op, args, kwargs, inputs, outputs)
-        self.listing.add(op)
