@@ -36,20 +36,21 @@ SKIP = 3
 
 
 def _timed(step, n):
+    """(wall times, CPU times) of ``n`` steps."""
     wall, cpu = [], []
     for _ in range(n):
         w, c = time.perf_counter(), time.process_time()
         step()
         wall.append(time.perf_counter() - w)
         cpu.append(time.process_time() - c)
-    return statistics.median(wall), statistics.median(cpu)
+    return wall, cpu
 
 
 def _plain(make, n):
     wl = make()
-    for _ in range(2):
+    for _ in range(SKIP):
         wl.step()
-    return _timed(wl.step, n)
+    return _timed(wl.step, n) + (True,)
 
 
 def _dumped(make, n, native_on):
@@ -73,23 +74,36 @@ def _dumped(make, n, native_on):
         shutil.rmtree(root, ignore_errors=True)
 
 
-def measure(quick: bool, steps: int, only=("alexnet", "transformer", "decoder")):
+def measure(quick: bool, steps: int, only=("alexnet", "transformer", "decoder"), rounds: int = 2):
+    """Per workload, ``rounds`` rounds of plain / Python capture / native, each a fresh model of
+    ``steps`` timed steps (after SKIP untimed ones), then plain once more: medians of all steps
+    of each kind (interleaved, so a load change hits the three alike)."""
     torch.set_num_threads(max(1, torch.get_num_threads()))
     out = []
     for name in only:
         make = (lambda name=name: getattr(models, name)(quick=quick))
         load0 = os.getloadavg()[0]
-        p1 = _plain(make, steps)
-        py = _dumped(make, steps, False)
-        nat = _dumped(make, steps, True)
-        p2 = _plain(make, steps)
-        plain_wall, plain_cpu = (p1[0] + p2[0]) / 2, (p1[1] + p2[1]) / 2
+        runs = {"plain": ([], []), "python": ([], []), "native": ([], [])}
+        served = True
+        for _ in range(rounds):
+            for kind, fn in (("plain", lambda: _plain(make, steps)), ("python", lambda: _dumped(make, steps, False)),
+                             ("native", lambda: _dumped(make, steps, True))):
+                wall, cpu, live = fn()
+                runs[kind][0].extend(wall)
+                runs[kind][1].extend(cpu)
+                served = served and (live if kind == "native" else True)
+        wall, cpu, _ = _plain(make, steps)
+        runs["plain"][0].extend(wall)
+        runs["plain"][1].extend(cpu)
+        med = {k: (statistics.median(w), statistics.median(c)) for k, (w, c) in runs.items()}
+        plain_wall, plain_cpu = med["plain"]
+        first, last = statistics.median(runs["plain"][0][:steps]), statistics.median(wall)
         out.append({
-            "workload": name, "steps": steps, "plain_ms": plain_wall * 1e3, "plain_cpu_ms": plain_cpu * 1e3,
-            "python_ms": py[0] * 1e3, "native_ms": nat[0] * 1e3, "native_served": nat[2],
-            "python_x": py[0] / plain_wall, "native_x": nat[0] / plain_wall,
-            "python_cpu_x": py[1] / plain_cpu, "native_cpu_x": nat[1] / plain_cpu,
-            "plain_drift": p2[0] / p1[0], "load": [load0, os.getloadavg()[0]], "threads": torch.get_num_threads(),
+            "workload": name, "steps": steps, "rounds": rounds, "plain_ms": plain_wall * 1e3,
+            "plain_cpu_ms": plain_cpu * 1e3, "python_ms": med["python"][0] * 1e3, "native_ms": med["native"][0] * 1e3,
+            "native_served": served, "python_x": med["python"][0] / plain_wall, "native_x": med["native"][0] / plain_wall,
+            "python_cpu_x": med["python"][1] / plain_cpu, "native_cpu_x": med["native"][1] / plain_cpu,
+            "plain_drift": last / first, "load": [load0, os.getloadavg()[0]], "threads": torch.get_num_threads(),
         })
     return out
 
@@ -128,9 +142,10 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default="alexnet,transformer,decoder", help="workloads, comma-separated")
+    ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--write", action="store_true", help="update BENCHMARKS.md's native-eager block")
     args = ap.parse_args(argv)
-    results = measure(args.quick, args.steps, tuple(args.only.split(",")))
+    results = measure(args.quick, args.steps, tuple(args.only.split(",")), args.rounds)
     print(json.dumps(results, indent=1))
     text = block(results)
     print(text)
