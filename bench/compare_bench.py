@@ -5,8 +5,9 @@ Dumps (written once by ``bench/compare_dumps.py`` under ``--root``): ``alexnet``
 issue's AlexNet, batch 24, 4 iterations), ``small`` (tens of thousands of small tensors),
 ``large`` (few tensors of up to 64 MiB), each as A, B = A with the first weight scaled by
 1 + 1e-6 (every pair differs: the full metric pass) and ``same`` = A run again
-(byte-identical: compare's fast path), and ``stats`` (a statistics-only pair of
-100,000+ rows).
+(byte-identical: compare's fast path), ``stats`` (a statistics-only pair of 136,250
+rows: 250 iterations) and ``stats100k`` (its first 184 iterations: 100,280 rows, the
+issue's 100,000-row case; folders copied from ``stats``).
 
 Each measurement is the command a user types, ``opdump compare A B --csv FILE -q``, in a
 fresh process (imports included), timed by wall clock, with the CPU time of the process
@@ -163,14 +164,48 @@ def numpy_loop(path: str) -> Dict[str, float]:
     return {"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0}
 
 
+STATS100K_ITERATIONS = 184          # x 545 rows per iteration of the small MLP = 100,280 rows
+
+
+def stats100k(root: str, log=print) -> Dict[str, str]:
+    """The ``stats100k`` pair: the first 184 iteration folders of the ``stats`` pair (and its
+    rank-level files, the global order cut to those iterations), copied once."""
+    import shutil
+    src = compare_dumps.ensure(root, "stats", log=log)
+    out = {}
+    for v in ("a", "b"):
+        dst = os.path.join(root, "stats100k", v)
+        out[v] = dst
+        if os.path.exists(os.path.join(dst, ".bench_done")):
+            continue
+        if os.path.isdir(dst):
+            shutil.rmtree(dst)
+        rank = os.path.join(src[v], "rank_0")
+        for sub in ("execution_order", "graphs"):
+            if os.path.isdir(os.path.join(rank, sub)):
+                shutil.copytree(os.path.join(rank, sub), os.path.join(dst, "rank_0", sub))
+        for it in range(STATS100K_ITERATIONS):
+            shutil.copytree(os.path.join(rank, "Net", "0", str(it)), os.path.join(dst, "rank_0", "Net", "0", str(it)))
+        glob_order = os.path.join(dst, "rank_0", "execution_order", "ms_global_execution_order_graph_0.csv")
+        if os.path.exists(glob_order):
+            with open(glob_order) as f:
+                lines = f.readlines()[:STATS100K_ITERATIONS]
+            with open(glob_order, "w") as f:
+                f.writelines(lines)
+        with open(os.path.join(dst, ".bench_done"), "w") as f:
+            f.write(f"{STATS100K_ITERATIONS}\n")
+        log(f"stats100k/{v}: {STATS100K_ITERATIONS} iterations copied from stats/{v}")
+    return out
+
+
 def measure(root: str, shapes: List[str], repeat: int, workdir: str, log=print) -> Dict:
     out: Dict = {"machine": machine(), "runs": []}
     for shape in shapes:
-        dumps = compare_dumps.ensure(root, shape, log=log)
+        dumps = stats100k(root, log) if shape == "stats100k" else compare_dumps.ensure(root, shape, log=log)
         a = dumps["a"]
         mb = data_bytes(a) / 1e6
         nfiles = len(npy_files(a))
-        variants = ["b"] if shape == "stats" else ["b", "same"]
+        variants = ["b"] if shape.startswith("stats") else ["b", "same"]
         for v in variants:
             b = dumps[v]
             for cache in ("warm", "cold"):
@@ -197,7 +232,7 @@ def measure(root: str, shapes: List[str], repeat: int, workdir: str, log=print) 
                     row["api_mb_s"] = mb / row["api_s"]
                 log(f"{shape:8s} {v:5s} {cache}: {row['wall_s']:.2f} s wall, {row['cpu_s']:.2f} s CPU"
                     + (f", {row['mb_s']:.0f} MB/s per side" if mb else "") + f", load {row['load']:.1f}")
-        if shape != "stats":
+        if not shape.startswith("stats"):
             for cache in ("warm", "cold"):
                 walls, cpus = [], []
                 if cache == "warm":
@@ -268,7 +303,7 @@ def update_section(path: str, res: Dict, note: str = "") -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="opdump compare benchmark (warm/cold, numpy reference)")
     ap.add_argument("--root", default="/tmp/opdump-cmp", help="where the benchmark's dumps live")
-    ap.add_argument("--shapes", default="alexnet,small,large,stats")
+    ap.add_argument("--shapes", default="alexnet,small,large,stats,stats100k")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--from-json", nargs="+", help="results of earlier runs (merged in order): nothing measured")

@@ -16,6 +16,7 @@ between ``<!-- overflow-watch: begin -->`` and ``<!-- overflow-watch: end -->`` 
 
     .venv/bin/python bench/overflow_watch.py [--models transformer,alexnet] [--out BENCHMARKS.md]
     .venv/bin/python bench/overflow_watch.py --eager-cpu 15     # eager only, CPU time, 1 thread
+    .venv/bin/python bench/overflow_watch.py --graph-cpu 15     # graph watch vs aot_eager, CPU time, 1 thread
 """
 from __future__ import annotations
 
@@ -125,6 +126,49 @@ def eager_cpu_ab(names, rounds: int) -> list:
     return out
 
 
+def graph_cpu_ab(names, rounds: int) -> list:
+    """The graph rows' focused reading, as :func:`eager_cpu_ab`: one torch thread,
+    ``time.process_time`` per step, the graph watch (opdump's backend, every step op by op)
+    and ``aot_eager`` (the same op-by-op path with no watch) alternating in one process,
+    medians; returns one dict per model."""
+    import statistics
+    import tempfile
+    import warnings
+    import opdump
+    from bench import dumps as D
+    torch.set_num_threads(1)
+    out = []
+    for name in names:
+        folder = tempfile.mkdtemp(prefix="opdump-ovg-")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            session = opdump.Session(D.write_config(folder, os.path.join(folder, "dump"), **WATCH))
+            session.__enter__()
+            try:
+                torch._dynamo.reset()
+                floor, watched = M.BUILDERS[name](), M.BUILDERS[name]()
+                floor.run_model = torch.compile(floor.model, backend="aot_eager")
+                watched.run_model = torch.compile(watched.model, backend=session.backend())
+                for _ in range(2):                      # compile and warm-up, both sides
+                    floor.step()
+                    watched.step()
+                times = {False: [], True: []}
+                for r in range(rounds):
+                    for side in ((False, True) if r % 2 else (True, False)):
+                        t0 = time.process_time()
+                        (watched if side else floor).step()
+                        times[side].append(time.process_time() - t0)
+            finally:
+                session.__exit__(None, None, None)
+                torch._dynamo.reset()
+        base, watch = statistics.median(times[False]), statistics.median(times[True])
+        out.append({"name": name, "floor_ms": base * 1e3, "watch_ms": watch * 1e3, "ratio": watch / base,
+                    "load": os.getloadavg()[0]})
+        log(f"[{name}] graph CPU time: aot_eager {base * 1e3:.1f} ms, watch {watch * 1e3:.1f} ms, "
+            f"{watch / base:.2f}x (load {os.getloadavg()[0]:.2f})")
+    return out
+
+
 def _x(v) -> str:
     return "–" if v is None else f"{v:.2f}×"
 
@@ -171,7 +215,12 @@ def main(argv=None) -> int:
     ap.add_argument("--notes", default=None, help="a file whose lines are appended to the block (findings)")
     ap.add_argument("--eager-cpu", type=int, default=0, metavar="ROUNDS",
                     help="only the eager watch's single-thread CPU-time A/B (ROUNDS pairs); BENCHMARKS.md untouched")
+    ap.add_argument("--graph-cpu", type=int, default=0, metavar="ROUNDS",
+                    help="only the graph watch's single-thread CPU-time A/B against aot_eager; BENCHMARKS.md untouched")
     args = ap.parse_args(argv)
+    if args.graph_cpu:
+        graph_cpu_ab(list(filter(None, args.models.split(","))), args.graph_cpu)
+        return 0
     if args.eager_cpu:
         eager_cpu_ab(list(filter(None, args.models.split(","))), args.eager_cpu)
         return 0

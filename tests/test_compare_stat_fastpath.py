@@ -211,3 +211,63 @@ def test_fixture_dump_statistics(tmp_path, monkeypatch):
                   stats=("max", "min", "avg", "nan count", "md5", "l2norm"), seed=3)
     old, new = _both(a, b, monkeypatch)
     _same(old, new, tmp_path)
+
+
+def test_tie_break_differs_between_repeated_blocks(tmp_path, monkeypatch):
+    """Iterations with the same rows share the tie groups (stat_fast._tie_groups, derived
+    once), but each re-pairs by its own values: iterations 1 and 3 of B trade the detach
+    calls' statistics, 0 and 2 do not."""
+    import shutil
+    a = write_stats_dump(tmp_path / "a", iterations=(0, 1, 2, 3))
+    b = write_stats_dump(tmp_path / "b", iterations=(0, 1, 2, 3), swap_ties=True, perturb=1e-4)
+    plain = write_stats_dump(tmp_path / "p", iterations=(0, 1, 2, 3), perturb=1e-4)
+    for it in (0, 2):
+        shutil.copy(plain / "rank_0" / "Net" / "0" / str(it) / "statistic.csv",
+                    b / "rank_0" / "Net" / "0" / str(it) / "statistic.csv")
+    assert _fast_applies(a, b)
+    old, new = _both(a, b, monkeypatch)
+    moved = old.table[old.table["match"] == "aligned order"]
+    assert sorted(set(moved["iteration"])) == [1, 3]
+    _same(old, new, tmp_path)
+
+
+def test_fingerprints_of_other_columns(tmp_path, monkeypatch):
+    """Fingerprint codes where the statistic column is text on one side (an MD5-like l2norm
+    column): compared through ``str`` as the matcher does."""
+    a = write_stats_dump(tmp_path / "a", iterations=(0, 1))
+    b = write_stats_dump(tmp_path / "b", iterations=(0, 1), swap_ties=True)
+    for it in (0, 1):
+        p = b / "rank_0" / "Net" / "0" / str(it) / "statistic.csv"
+        rows = list(csv.reader(open(p, newline="")))
+        for r in rows[1:3]:
+            r[-1] = "n/a"                          # the column turns to text in B only
+        with open(p, "w", newline="") as f:
+            csv.writer(f).writerows(rows)
+    assert _fast_applies(a, b)
+    old, new = _both(a, b, monkeypatch)
+    _same(old, new, tmp_path)
+
+
+def test_tie_break_fingerprint_uses_every_statistic(tmp_path, monkeypatch):
+    """Two equal-signature calls whose l2norm is the same but whose other statistics differ,
+    traded in B: the value tie-break must tell them apart by those other statistics (it once
+    iterated the CSV header names, "Max Value"..., against the records' keys, so that only the
+    l2norm column, whose header is its key, made the fingerprint), on both paths."""
+    a = write_stats_dump(tmp_path / "a", iterations=(0,))
+    b = write_stats_dump(tmp_path / "b", iterations=(0,), swap_ties=True)
+    for d in (a, b):
+        p = d / "rank_0" / "Net" / "0" / "0" / "statistic.csv"
+        rows = list(csv.reader(open(p, newline="")))
+        for r in rows[1:]:
+            if r[0] == "detach":
+                r[-1] = "1.5"                       # the same l2norm for every detach row
+        with open(p, "w", newline="") as f:
+            csv.writer(f).writerows(rows)
+    for fast in ("0", "1"):
+        monkeypatch.setenv("OPDUMP_COMPARE_FAST", fast)
+        r = compare(str(a), str(b), progress=False)
+        det = r.table[r.table["op_type"] == "detach"]
+        assert len(det) and (det["verdict"] == "pass").all(), det[["op", "op_b", "verdict"]]
+        assert r.matched_by.get("aligned order", 0) > 0
+    old, new = _both(a, b, monkeypatch)
+    _same(old, new, tmp_path)

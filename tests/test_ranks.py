@@ -54,6 +54,8 @@ def test_out_of_sync_buffer_is_named_with_the_first_rank_pair(ddp_dump):
                                                                        (2, "Parameter.module_running")]
     # the parameters, the all-reduced gradients the optimizer reads and its updates agree
     assert doc["compared"] > 40 and not doc["missing"]
+    # ...and so do DDP's all-reduced gradient buckets (one per iteration) and broadcasts (collectives.json)
+    assert doc["collectives"] >= 3
 
 
 def test_iteration_before_the_drift_is_consistent(ddp_dump):

@@ -134,3 +134,44 @@ def test_cell_text_agrees(tmp_path_factory, cells):
                         "Float32", "(2,2)", a, b, c])
     rec = _same(root)
     assert len(rec) == len(cells)
+
+
+def _order_dump(root: Path, timestamps) -> Path:
+    """Iterations whose rows (names, io, slot, call) are the same, with Sub and Neg missing
+    from the execution order: placed by their timestamps, which differ per iteration
+    (``timestamps``: per iteration, the times of Add, Sub, Neg, Mul in file order; on a tie
+    the name decides, Neg first)."""
+    rdir = root / "rank_0"
+    (rdir / "execution_order").mkdir(parents=True)
+    (rdir / "execution_order" / "ms_execution_order_graph_0.csv").write_text(
+        "NodeExecutionOrder-FullNameWithScope\nDefault/Net/Add-op0\nDefault/Net/Mul-op3\n")
+    (rdir / "execution_order" / "ms_global_execution_order_graph_0.csv").write_text(
+        "".join(f"{i}\n" for i in range(len(timestamps))))
+    names = [("Add", "Default/Net/Add-op0"), ("Sub", "Default/Net/Sub-op1"), ("Neg", "Default/Net/Neg-op2"),
+             ("Mul", "Default/Net/Mul-op3")]
+    for it, times in enumerate(timestamps):
+        d = rdir / "Net" / "0" / str(it)
+        d.mkdir(parents=True)
+        with open(d / "statistic.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["Op Type", "Op Name", "Task ID", "Stream ID", "Timestamp", "IO", "Slot", "Data Size",
+                        "Data Type", "Shape", "Max Value", "Min Value", "L2Norm Value"])
+            for (typ, name), ts in zip(names, times):
+                w.writerow([typ, name, "0", "0", str(ts), "output", "0", "16", "Float32", "(4)", "1.0", "-1.0", "2.0"])
+    return root
+
+
+def test_same_rows_placed_by_timestamp_agree(tmp_path):
+    """Folders with the same rows share what the columns build derives from them
+    (records_columns._Memo), except the places of operators missing from the execution
+    order, which follow each folder's timestamps: here they swap between iterations."""
+    rec = _same(_order_dump(tmp_path / "o", [(10, 12, 12, 20), (10, 11, 12, 20), (10, 12, 12, 20)]))
+    places = {it: list(g.sort_values("op")["exec_index"]) for it, g in rec.groupby("iteration")}
+    assert places[0] == places[2] != places[1]
+
+
+def test_repeated_folders_agree(tmp_path):
+    """Many iterations of the same rows (the memo's answers reused) and one that differs."""
+    root = write_stats_dump(tmp_path / "s", iterations=tuple(range(6)), drop=(4, 2), calls=2)
+    rec = _same(root)
+    assert rec["iteration"].nunique() == 6

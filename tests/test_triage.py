@@ -22,7 +22,7 @@ SCRIPT = REPO / "tests" / "scripts" / "train_nan.py"
 LINES = SCRIPT.read_text().splitlines()
 NAN_LINE = next(i for i, l in enumerate(LINES, 1) if "NAN-LINE" in l and "return" in l)
 BIAS_LINE = next(i for i, l in enumerate(LINES, 1) if "a.bias)" in l)
-MUL = "Default/Net/scale-Scale/mul-op5"
+MUL = "Default/Net/scale-Scale/mul-op4"      # t, addmm, add, relu, mul (relu's saved output: no operator)
 RELU = "Default/Net/relu-op3"
 
 
@@ -65,16 +65,16 @@ def test_run2_holds_tensors_of_the_suspects_only(nan_triage):
     files = sorted((folder / "run2").rglob("*.npy"))
     names = {(f.parent.name, f.name.split(".")[1], f.name.split(".")[-5] + "." + f.name.split(".")[-4])
              for f in files}
-    assert names == {("1", "Default_Net_scale-Scale_mul-op5", "input.0"),
-                     ("1", "Default_Net_scale-Scale_mul-op5", "output.0"),
+    assert names == {("1", "Default_Net_scale-Scale_mul-op4", "input.0"),
+                     ("1", "Default_Net_scale-Scale_mul-op4", "output.0"),
                      ("1", "Default_Net_relu-op3", "input.0"), ("1", "Default_Net_relu-op3", "output.0")}
     # the report lists exactly those files, and the NaN is in the mul's output, not in its input
     doc = json.loads((folder / "triage.json").read_text())
     listed = sorted(p for ps in doc["files"].values() for p in ps)
     assert listed == sorted(str(f) for f in files)
     import numpy as np
-    out = [f for f in files if "mul-op5" in f.name and ".output." in f.name][0]
-    inp = [f for f in files if "mul-op5" in f.name and ".input." in f.name][0]
+    out = [f for f in files if "mul-op4" in f.name and ".output." in f.name][0]
+    inp = [f for f in files if "mul-op4" in f.name and ".input." in f.name][0]
     assert np.isnan(np.load(out)).all() and np.isfinite(np.load(inp)).all()
     # run 1 wrote statistics only, of every iteration
     assert not list((folder / "run1").rglob("*.npy"))

@@ -14,9 +14,14 @@ identical-within-tolerance rule):
 * the optimizer's operators (scope ``Default/optimizer-*``): their inputs are the
   parameters, the all-reduced gradients and the optimizer state, their outputs the update;
 
-Not the outputs of collective operators (``allreduce_``…): they are asynchronous, and the
-values a dump captures when the call returns may be those from before the reduction; the
-optimizer's inputs show the reduced gradients instead.
+* the outputs of collectives that give every rank the same tensor (all-reduce, broadcast,
+  all-gather: DDP's gradient buckets after the all-reduce) over the whole world, recorded
+  from the completed work: those ``collectives.json`` (written by the eager capture,
+  :mod:`opdump.capture.eager.collectives`) lists as ``replicated``, ``complete`` and with
+  ``group_size`` equal to ``world_size`` on both ranks of the pair.  Collectives over a
+  sub-group (tensor/pipeline parallel groups) differ across groups by design and are left
+  out, as are those of dumps without that file (graph mode, older dumps), whose outputs
+  may have been captured before the reduction completed.
 
 Guarantees: every such tensor whose ranks differ is listed (rank pair, iteration, name,
 io/slot, size of the difference) in execution order; ``first`` is the earliest, so the
@@ -25,14 +30,17 @@ first rank pair that differs is named; a tensor only one rank dumped is listed a
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Union
 
+from ..format.layout import COLLECTIVES_JSON
 from .reader import Dump, open_dump
 
-__all__ = ["RankDifference", "RankReport", "check_ranks", "is_replicated"]
+__all__ = ["RankDifference", "RankReport", "check_ranks", "is_replicated", "replicated_collectives"]
+
 
 def is_replicated(op: Any, kind: Any) -> bool:
     """Must this tensor be identical on every data-parallel rank? (see module doc)"""
@@ -71,6 +79,7 @@ class RankReport:
     path: str
     ranks: List[int]
     compared: int = 0                                  # tensor pairs compared
+    collectives: int = 0                               # ...of them, collective outputs
     differences: List[RankDifference] = field(default_factory=list)
     missing: List[RankDifference] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
@@ -93,7 +102,8 @@ class RankReport:
 
     def to_dict(self) -> Dict[str, Any]:
         f = self.first
-        return {"path": self.path, "ranks": self.ranks, "compared": self.compared, "consistent": self.consistent,
+        return {"path": self.path, "ranks": self.ranks, "compared": self.compared, "collectives": self.collectives,
+                "consistent": self.consistent,
                 "first": f.to_dict() if f else None, "first_pair": [f.rank_a, f.rank_b] if f else None,
                 "names": self.names(), "differences": [d.to_dict() for d in self.differences],
                 "missing": [d.to_dict() for d in self.missing], "notes": self.notes}
@@ -101,7 +111,8 @@ class RankReport:
     def summary(self, limit: int = 30) -> str:
         lines = [f"dump: {self.path}", f"ranks: {', '.join(map(str, self.ranks))}; "
                  f"{self.compared} replicated tensor pairs compared (parameters, buffers, "
-                 "the optimizer's operators)"]
+                 "the optimizer's operators" + (f", {self.collectives} collective outputs" if self.collectives
+                                                else "") + ")"]
         lines += [f"note: {n}" for n in self.notes]
         if self.consistent:
             lines.append("consistent: every replicated tensor is identical across ranks")
@@ -144,6 +155,32 @@ def _detail(r: Dict[str, Any]) -> str:
     return ", ".join(parts) or str(r.get("reason") or "differs")
 
 
+def replicated_collectives(path: Union[str, os.PathLike]) -> Dict[int, set]:
+    """{rank: {(iteration, operator name)}} of the collectives whose outputs must agree across
+    every rank, from the dump's ``collectives.json`` files (module doc); unreadable files are
+    skipped (their collectives are not judged)."""
+    out: Dict[int, set] = {}
+    for root, _dirs, files in os.walk(path):
+        if COLLECTIVES_JSON not in files:
+            continue
+        try:
+            with open(os.path.join(root, COLLECTIVES_JSON), encoding="utf-8") as f:
+                doc = json.load(f)
+            rank = doc.get("rank")
+            if rank is None:
+                rank = next(int(p[5:]) for p in reversed(os.path.normpath(root).split(os.sep))
+                            if p.startswith("rank_") and p[5:].isdigit())
+            it = int(doc["iteration"])
+            names = out.setdefault(int(rank), set())
+            for c in doc.get("collectives", ()):
+                size, world = c.get("group_size"), c.get("world_size")
+                if c.get("replicated") is True and c.get("complete") is True and size is not None and size == world:
+                    names.add((it, str(c["op"])))
+        except (OSError, ValueError, TypeError, KeyError, StopIteration, AttributeError):
+            continue
+    return out
+
+
 def check_ranks(dump: Union[str, os.PathLike, Dump], *, iterations: Optional[Iterable[int]] = None,
                 workers: Optional[int] = None, progress: bool = True) -> RankReport:
     """Compare the replicated tensors of every rank with the lowest rank's (module doc)."""
@@ -155,6 +192,7 @@ def check_ranks(dump: Union[str, os.PathLike, Dump], *, iterations: Optional[Ite
         raise ValueError(f"{d.path}: {len(ranks)} rank(s) in the dump; rank consistency needs two or more")
     base = ranks[0]
     its = None if iterations is None else [int(i) for i in iterations]
+    exact = replicated_collectives(d.path)
     for other in ranks[1:]:
         try:
             res = compare(d, d, rank=base, rank_b=other, iterations=its, workers=workers, progress=progress)
@@ -164,10 +202,12 @@ def check_ranks(dump: Union[str, os.PathLike, Dump], *, iterations: Optional[Ite
         for r in res.table.to_dict("records"):
             a_side = r.get("op") is not None and r.get("op") == r.get("op")
             op = r["op"] if a_side else r.get("op_b")
-            if not is_replicated(op, r.get("kind")):
-                continue
             it = r.get("iteration")
             it = None if it is None or it != it or type(it).__name__ == "NAType" else int(it)
+            collective = (r.get("io") == "output" and (it, str(op)) in exact.get(base, ())
+                          and (it, str(op)) in exact.get(other, ()))
+            if not (collective or is_replicated(op, r.get("kind"))):
+                continue
             diff = RankDifference(base, other, it, str(op), str(r.get("op_type") or ""), str(r.get("kind") or ""),
                                   str(r.get("io") or ""), int(r.get("slot") or 0), "", int(r.get("order") or 0),
                                   str(r.get("source") or ""))
@@ -180,6 +220,7 @@ def check_ranks(dump: Union[str, os.PathLike, Dump], *, iterations: Optional[Ite
             if verdict in ("skipped", "unreadable"):
                 continue
             rep.compared += 1
+            rep.collectives += collective
             if r.get("identical") is False or (r.get("identical") is None and verdict in ("diverged", "warning")):
                 diff.detail = _detail(r)
                 rep.differences.append(diff)

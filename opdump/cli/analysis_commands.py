@@ -271,9 +271,11 @@ def cmd_watch(args) -> int:
     if getattr(args, "html", None):         # self-contained report: opdump.analysis.triage_report
         from opdump.analysis.triage_report import write_watch_html
         print(f"report: {write_watch_html(d, hits, conds, args.html)}", file=sys.stderr)
-    if args.csv:
+    if args.csv:                            # written whole, like compare's CSV
         import pandas as pd
-        pd.DataFrame([h.to_dict() for h in hits]).to_csv(args.csv, index=False)
+        from opdump.analysis.whole_files import replace_whole
+        table = pd.DataFrame([h.to_dict() for h in hits])
+        replace_whole(args.csv, lambda tmp: table.to_csv(tmp, index=False))
     if args.json:
         print(json.dumps([h.to_dict() for h in hits], indent=1, default=_json_default))
         return 1 if hits else 0

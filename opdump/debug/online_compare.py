@@ -21,6 +21,12 @@ the others are dropped.
 
 The first divergence of the run is printed on stderr at once (one line: iteration,
 operator, source line, metrics); each iteration folder gets ``online_compare.json``.
+
+Where the difference began (:mod:`.online_origin`): the run's first difference (offline
+first-difference rule, same dtypes) is kept and reported as the ``origin`` of a later first
+divergence, so a difference that grew from ``warning`` verdicts is not blamed on a later
+operator.
+
 With ``stop_on_divergence`` the run stops at the next iteration boundary (the optimizer
 step, or ``Session.step()``) by raising :class:`DivergenceStop` there -- a
 ``BaseException``, so the script's ``except Exception`` does not swallow it; ``opdump run``
@@ -59,6 +65,7 @@ from ..format.statistics import CATEGORIES
 from ..recorder.copies import copy_out, stream_id_of
 from ..recorder.rows import shape_text
 from ..write.dtypes import to_numpy
+from .online_origin import describe_origin, first_difference_of
 from .reference import Reference
 
 __all__ = ["OnlineCompare", "DivergenceStop", "EXIT_DIVERGED", "BATCH_OPS"]
@@ -86,8 +93,12 @@ def describe(info: Dict[str, Any]) -> str:
     vals = ", ".join(f"{k}={m[k]:.6g}" if isinstance(m[k], float) else f"{k}={m[k]}"
                      for k in ("cosine", "max_abs_err", "max_rel_err", "stat_max_rel_diff") if k in m)
     src = info.get("source") or "source unknown"
-    return (f"iteration {info.get('iteration')}, {info.get('op')} ({src}), {info.get('io')}.{info.get('slot')}: "
+    line = (f"iteration {info.get('iteration')}, {info.get('op')} ({src}), {info.get('io')}.{info.get('slot')}: "
             f"{info.get('reason')}" + (f" [{vals}]" if vals else ""))
+    origin = info.get("origin")
+    if origin:
+        line += f"; the difference began earlier: {describe_origin(origin)}"
+    return line
 
 
 def _cell(text: str, kind: str) -> Any:
@@ -122,6 +133,7 @@ class _Folder:
         self.verdicts: Counter = Counter()
         self.unmatched = 0
         self.first: Optional[Dict[str, Any]] = None
+        self.origin: Optional[Dict[str, Any]] = None
         self.diverged: List[Dict[str, Any]] = []
         self.saved: List[str] = []
         self.errors: List[str] = []
@@ -140,6 +152,8 @@ class OnlineCompare:
         self.matchers = default_matchers()
         self.tensor_mode = cfg.dump_tensors           # "full": tensors compared where the reference has them
         self.first: Optional[Dict[str, Any]] = None   # the run's first divergence
+        self.origin: Optional[Dict[str, Any]] = None  # the run's first difference (module doc)
+        self._origin_rule = True                      # False once a pair holds different dtypes
         self.stop_pending = False
         self._held: Dict[Tuple[str, int], _Held] = {}
         self._held_bytes = 0
@@ -247,11 +261,18 @@ class OnlineCompare:
         for t in live:
             if t.call_key in diverging:
                 self._save(folder, st, t.row["timestamp"])
+        self._find_origin(st, pairs)
         info = first_divergence(pairs, self._source_of)[0] if diverging else None
         if info is not None:
             first = next(p for p in pairs if p.verdict == "diverged" and p.a.kind == "op")   # the one it names
             info["metrics"] = _metrics(first)
             info["reference"] = str(self.reference.path)
+            origin = self.origin
+            if origin is not None and (origin["iteration"], origin["op"]) != (info["iteration"], info["op"]):
+                info["origin"] = origin
+                info["cause_here"] = info.get("cause")      # the rule's reading of this batch alone
+                info["cause"] = ("the difference began earlier, below the divergence thresholds, at "
+                                 + describe_origin(origin) + "; here it crossed them")
             if st.first is None:
                 st.first = info
             if self.first is None:
@@ -259,6 +280,16 @@ class OnlineCompare:
                 print(f"opdump: first divergence from the reference: {describe(info)}", file=sys.stderr, flush=True)
                 if self.config.stop_on_divergence:
                     self.stop_pending = True
+
+    def _find_origin(self, st: _Folder, pairs: List[Pair]) -> None:
+        """Keep the run's first difference (module doc), from the first batch that has one."""
+        if self.origin is not None or not self._origin_rule:
+            return
+        found = first_difference_of(pairs, self._source_of)
+        if found is False:
+            self._origin_rule = False          # different dtypes: first divergence only, as offline
+        elif found is not None:
+            self.origin = st.origin = found
 
     def _live(self, st: _Folder, row: tuple, joined: List[str]) -> Tensor:
         """A queued statistics row as the record ``opdump compare`` reads back from statistic.csv."""
@@ -343,6 +374,7 @@ class OnlineCompare:
                     "complete": not st.errors, "errors": st.errors[:5],
                     "compared": sum(n for v, n in st.verdicts.items() if v != "unmatched"),
                     "verdicts": dict(sorted(st.verdicts.items())), "first_divergence": st.first,
+                    "first_difference": st.origin,
                     "diverged": st.diverged, "saved_files": st.saved}
             try:
                 layout = self.session.layout

@@ -3,30 +3,42 @@
 Why: a user hunting the first NaN of a long run wants only the operator that made it,
 from the real run, in one pass.  Each operator the eager capture sees, and each operator
 of a dumped graph call (run op by op, :mod:`.overflow_graph`), is handed to
-:class:`OverflowWatch` instead of being recorded: it keeps references to the operator's
-tensors (a clone only of the arguments the operator writes in place, taken before it
-runs) and one flag per floating tensor (fp16/bf16/fp32/fp64), computed on the tensor's
-own device without a sync, one reduction pass and no temporary the size of ``t``: for
-fp16/bf16 ``torch.aminmax(t)`` (exact: finite, Inf only, or NaN), for fp32/fp64 ``t.sum()``
-(about half aminmax's cost on CPU: 0.26 vs 0.49 ms for 1.5 M fp32 elements on one thread),
-finite whenever ``t`` is; a non-finite sum (a finite tensor whose sum overflowed, or +Inf
-with -Inf) is settled exactly from the held tensor when the flags are read.  A tensor flagged
-earlier in the iteration (same object, same version, not written since) reuses its flag or
-value: each tensor is reduced once, not once per use.  Outputs of operators that cannot
-make Inf/NaN from finite inputs (:data:`FINITE_PRESERVING`: views, ``cat``, ``relu``…) get
-no reduction: finite when their inputs are, settled exactly otherwise.  Outputs of
-``empty``-like operators (:data:`UNINITIALIZED`) are never judged.  Not tracked: writes the
-watch is not told about (eager code outside the captured scope using ``_foreach_*_`` or
-``.data``, which move no version counter).
+:class:`OverflowWatch` instead of being recorded (a clone only of the arguments the
+operator writes in place, taken before it runs, unless it cannot be an origin:
+:mod:`.overflow_rules`).  Every floating tensor (fp16/bf16/fp32/fp64) gets a value:
+finite, Inf only, or some NaN.
 
-Every :data:`BATCH` operators, before an in-place write to a tensor the batch still
-holds, at the end of each graph call and at the iteration's end, the flags are stacked
-per device and read with one ``.cpu()``.  Each operator is then judged in execution order
-by :func:`.origin.judge` (the rule ``opdump overflow`` uses): only
-:data:`~.origin.OPERATOR` verdicts (finite inputs, finite non-tensor arguments,
-non-finite output) are overflows.  Overflowing operators are recorded (inputs and
-outputs; ``saved_data`` decides files and/or statistic.csv rows) up to
-``overflow_number`` per session (0: all); every folder a dumped iteration wrote into
+Operators whose tensors are all on the CPU (:mod:`.overflow_now`) are read and judged as
+they return -- a CPU reduction has finished when it returns, so this adds no sync: the
+outputs' values are read at once (:mod:`.overflow_values`: the native one-pass kernel for
+small fp32 tensors, ``t.sum()`` for larger ones, ``aminmax`` for fp16/bf16), an operator
+whose outputs are finite is forgotten at once (no reference held), and inputs are read
+only when an output is not finite.
+
+Operators with a tensor on another device are held (references, not copies) with one
+flag per floating tensor, computed on the tensor's own device without a sync, one
+reduction pass and no temporary the size of ``t``: for fp16/bf16 ``torch.aminmax(t)``
+(exact), for fp32/fp64 ``t.sum()`` (about half aminmax's cost on CPU: 0.26 vs 0.49 ms for
+1.5 M fp32 elements on one thread), finite whenever ``t`` is; a non-finite sum (a finite
+tensor whose sum overflowed, or +Inf with -Inf) is settled exactly from the held tensor
+when the flags are read.  Every :data:`BATCH` operators, before an in-place write to a
+tensor the batch still holds, at the end of each graph call and at the iteration's end,
+the flags are stacked per device and read with one ``.cpu()``.
+
+Both paths: a tensor read earlier in the iteration (same object, same version, not
+written since) reuses its value: each tensor is read once, not once per use.  Outputs of
+operators that cannot make Inf/NaN from finite inputs (:data:`FINITE_PRESERVING`: views,
+``cat``, ``relu``…; ``mul`` by a number of magnitude at most 1) get no reduction: finite
+when their inputs are, settled exactly otherwise.  Outputs of ``empty``-like operators
+(:data:`UNINITIALIZED`) are never judged.  Not tracked: writes the watch is not told about
+(eager code outside the captured scope using ``_foreach_*_`` or ``.data``, which move no
+version counter).
+
+Each operator is judged in execution order by :func:`.origin.judge` (the rule ``opdump
+overflow`` uses): only :data:`~.origin.OPERATOR` verdicts (finite inputs, finite
+non-tensor arguments, non-finite output) are overflows.  Overflowing operators are
+recorded (inputs and outputs; ``saved_data`` decides files and/or statistic.csv rows) up
+to ``overflow_number`` per session (0: all); every folder a dumped iteration wrote into
 gets an ``overflow.json`` and ``overflow.csv`` listing its overflows
 (:mod:`.overflow_summary`).
 
@@ -46,15 +58,16 @@ import torch
 from ..format.layout import OVERFLOW_CSV, OVERFLOW_JSON
 from .origin import OPERATOR, ON_PURPOSE, judge
 from .overflow_copies import CopyPool
-from .overflow_rules import FINITE_PRESERVING, UNINITIALIZED, needs_prewrite_copy  # noqa: F401
+from .overflow_batch import DevicePath
+from .overflow_now import CpuPath
+from .overflow_rules import FINITE_PRESERVING, UNINITIALIZED, needs_prewrite_copy, scales_down  # noqa: F401
 from .overflow_summary import render_csv, render_json
 
 #: operators held before the flags are read (bounds the memory the references keep alive)
 BATCH = 256
-_FLOATS = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
-_HALF = frozenset((torch.float16, torch.bfloat16))
-_INFS = (math.inf, -math.inf)
 _NONE: frozenset = frozenset()
+
+
 def _storage(t: torch.Tensor) -> Optional[int]:
     try:
         return t.untyped_storage().data_ptr()
@@ -71,11 +84,15 @@ class _Call:
         self.private, self.where = private, where
 
 
-class OverflowWatch:
+class OverflowWatch(CpuPath, DevicePath):
     """Watches operators in execution order.  ``record(op, inputs, outputs)`` (or, for an
     operator added with ``where``, ``record(op, inputs, outputs, where)``) dumps an
     overflowing operator; ``folder()`` is the folder of the eager iteration (None: only the
     folders given by :meth:`touch` get a summary); ``layout()`` writes the summaries."""
+
+    #: CPU operators read and judged as they return (:mod:`.overflow_now`); False: held and
+    #: judged by batch like device operators (the tests compare both paths on the CPU)
+    READ_CPU_NOW = True
 
     def __init__(self, limit: int, record: Callable, folder: Optional[Callable[[], str]], layout: Callable):
         self.limit = int(limit)
@@ -90,7 +107,7 @@ class OverflowWatch:
         self._exact: List[bool] = []           # held tensor's flag is its (min, max), not a sum
         self._orig: List = []                  # the flagged tensors themselves (None: a preset slot)
         self._preset: Dict[int, float] = {}    # slot -> value already read (the tensor is known)
-        self._known: Dict[int, tuple] = {}     # id(tensor) -> (weakref, version, value), this iteration
+        self._known: Dict[int, tuple] = {}     # id(tensor) -> (weakref, version, value, bumps), this iteration
         self._derive: Dict[int, List[int]] = {}  # slot -> input slots it is finite with (no reduction)
         self._memo: Dict[int, tuple] = {}      # id(tensor) -> (version, flag index), this batch
         self._storages: set = set()            # storages the batch holds (built when a write asks)
@@ -98,93 +115,23 @@ class OverflowWatch:
         self._events: List[tuple] = []         # (where, event)
         self._touched: Dict[str, None] = {}    # folders written this iteration (graph calls), in order
         self._prewrite: Dict[int, Optional[float]] = {}  # id(written tensor) -> its value before the write
+        self._writing: frozenset = _NONE        # ids of the tensors the operator being run writes
         self._copies = CopyPool()               # the private pre-write copies (reused)
         self._on_purpose: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()
         self._broken = False
+        self._call = _Call
 
     # ------------------------------------------------------------------ per operator
-    def _flag_in(self, t) -> int:
-        """The flag slot of an input: the one it got earlier in the batch, or a slot holding
-        the value read in an earlier batch of this iteration, when it is the same tensor at
-        the same version not written since; else a new flag (-1: not judged)."""
-        if type(t) is not torch.Tensor and not isinstance(t, torch.Tensor):
-            return -1
-        key = id(t)
-        hit = self._memo.get(key)
-        version = t._version
-        if hit is not None and hit[0] == version:
-            return hit[1]
-        known = self._known.get(key)
-        if known is not None and known[1] == version and known[0]() is t:
-            if known[2] is None:         # uninitialized memory nobody wrote yet: not judged
-                return -1
-            j = len(self._held)
-            self._held.append(None)
-            self._exact.append(True)
-            self._orig.append(None)
-            self._preset[j] = known[2]
-            self._memo[key] = (version, j)
-            return j
-        return self._flag_out(t)
-
-    def _flag_out(self, t) -> int:
-        if not isinstance(t, torch.Tensor):
-            return -1
-        dtype = t.dtype
-        if dtype not in _FLOATS or t.is_meta or not t.numel():
-            return -1
-        d = t.detach()
-        j = len(self._held)
-        self._held.append(d)
-        self._orig.append(t)
-        if dtype in _HALF:           # exact: Inf/NaN are the min/max themselves
-            self._flags.extend(torch.aminmax(d))
-            self._owner += (j, j)
-            self._exact.append(True)
-        else:                        # half aminmax's cost; non-finite sums are checked at the read
-            self._flags.append(d.sum())
-            self._owner.append(j)
-            self._exact.append(False)
-        self._memo[id(t)] = (t._version, j)
-        return j
-
     def _unjudged(self, t) -> int:
         """An output holding uninitialized memory (``empty``…): never judged, nor is it as an
         input until something writes it (its garbage may hold NaN bit patterns)."""
         if isinstance(t, torch.Tensor):
             self._memo[id(t)] = (t._version, -1)
             try:
-                self._known[id(t)] = (weakref.ref(t), t._version, None)
+                self._known[id(t)] = (weakref.ref(t), t._version, None, 0)
             except TypeError:
                 pass
         return -1
-
-    def _derived(self, inputs, in_flags, outputs) -> List[int]:
-        """Output slots of an operator that cannot turn finite inputs into Inf/NaN: no
-        reduction of their own; finite when every floating input is, else settled exactly
-        from the held output at the read.  An input not judged (uninitialized memory) makes
-        the outputs not judged either; with no floating input they are flagged as usual."""
-        deps = []
-        for t, k in zip(inputs, in_flags):
-            if k >= 0:
-                deps.append(k)
-            elif isinstance(t, torch.Tensor) and t.dtype in _FLOATS and t.numel():
-                return [self._unjudged(o) for o in outputs]
-        if not deps:
-            return [self._flag_out(o) for o in outputs]
-        slots = []
-        for t in outputs:
-            if not isinstance(t, torch.Tensor) or t.dtype not in _FLOATS or t.is_meta or not t.numel():
-                slots.append(-1)
-                continue
-            j = len(self._held)
-            self._held.append(t.detach())
-            self._orig.append(t)
-            self._exact.append(False)
-            self._derive[j] = deps
-            self._memo[id(t)] = (t._version, j)
-            slots.append(j)
-        return slots
 
     def touch(self, where: str) -> None:
         """A dumped graph call writes into ``where`` this iteration: it gets a summary."""
@@ -211,8 +158,9 @@ class OverflowWatch:
         try:
             for t in written:       # their values read so far are stale after the write...
                 entry = known.pop(id(t), None)
-                if entry is not None and entry[0]() is t and entry[1] == t._version:
+                if entry is not None and entry[0]() is t and 0 <= t._version - entry[1] <= entry[3]:
                     prewrite[id(t)] = entry[2]      # ...but still those of its pre-write copy
+            self._writing = frozenset(map(id, written))
         except Exception as exc:   # noqa: BLE001 - never into the training thread
             self._fail(exc)
         self._prewrite = prewrite
@@ -229,9 +177,17 @@ class OverflowWatch:
             if id(t) in ids:
                 c = self._copies.copy(t)
                 cloned.append(c)
+                # a pooled buffer may be reused with its version unchanged (a copy made under
+                # the dispatch mode moves no version counter): its old entry must go
+                self._known.pop(id(c), None)
+                on_purpose = self._on_purpose
+                if on_purpose:
+                    on_purpose.pop(id(c), None)
+                    if on_purpose.get(id(t)) is t:      # the copy carries an on-purpose Inf too
+                        on_purpose[id(c)] = c
                 if id(t) in prewrite:
                     try:
-                        self._known[id(c)] = (weakref.ref(c), c._version, prewrite[id(t)])
+                        self._known[id(c)] = (weakref.ref(c), c._version, prewrite[id(t)], 0)
                     except TypeError:            # no weak reference to this tensor type
                         pass
                 t = c
@@ -239,20 +195,36 @@ class OverflowWatch:
         return saved, cloned
 
     def add(self, op, inputs: Sequence, outputs: Sequence, flagged: bool, cloned: Sequence = (),
-            where: Optional[str] = None) -> None:
+            where: Optional[str] = None, args: Sequence = ()) -> None:
         """One operator that ran: ``inputs`` as they were before it ran, ``outputs`` after;
         ``cloned``: the private copies among ``inputs``; ``where``: its iteration folder
-        (graph calls; None: the eager ``folder()``)."""
+        (graph calls; None: the eager ``folder()``); ``args``: its positional arguments
+        (:func:`.overflow_rules.scales_down`; empty: not known)."""
         if self._broken:
             return
         try:
+            writing, self._writing = self._writing, _NONE
+            cpu = self.READ_CPU_NOW
+            if cpu:
+                for t in inputs:
+                    if isinstance(t, torch.Tensor) and not t.is_cpu:
+                        cpu = False
+                        break
+                else:
+                    for t in outputs:
+                        if isinstance(t, torch.Tensor) and not t.is_cpu:
+                            cpu = False
+                            break
+            if cpu:
+                return self._add_now(op, inputs, outputs, flagged, cloned, where, writing, args)
             flag_in = self._flag_in
             inputs, outputs = list(inputs), list(outputs)
             in_flags = [flag_in(t) for t in inputs]
             kind = op.op_type
             if kind in UNINITIALIZED:
                 out_flags = [self._unjudged(t) for t in outputs]
-            elif kind in FINITE_PRESERVING and not flagged and op.overload != "dtype":
+            elif not flagged and (kind in FINITE_PRESERVING and op.overload != "dtype"
+                                  or scales_down(kind, op.overload, args)):
                 out_flags = self._derived(inputs, in_flags, outputs)
             else:
                 out_flags = [self._flag_out(t) for t in outputs]
@@ -264,55 +236,7 @@ class OverflowWatch:
         except Exception as exc:   # noqa: BLE001 - never into the training thread
             self._fail(exc)
 
-    # ------------------------------------------------------------------ batches
-    def _read_flags(self) -> List[float]:
-        """Per held tensor: 0.0 (finite), ``inf`` (Inf, no NaN) or ``nan`` (some NaN).  One
-        host read per device/dtype; a non-finite sum (which may be a finite tensor whose sum
-        overflowed, or +Inf with -Inf) is settled exactly by a second, batched read."""
-        flags, owner, held = self._flags, self._owner, self._held
-        out = [0.0] * len(held)
-        for j, v in self._preset.items():
-            out[j] = v
-        groups: Dict[tuple, List[int]] = {}
-        for i, f in enumerate(flags):
-            groups.setdefault((f.device, f.dtype), []).append(i)
-        for idx in groups.values():
-            host = torch.stack([flags[i] for i in idx]).tolist()     # one sync per device/dtype
-            if math.isfinite(sum(host)):        # the usual case: all finite, nothing to note
-                continue
-            for i, v in zip(idx, host):
-                if v != v:
-                    out[owner[i]] = math.nan
-                elif v in _INFS and out[owner[i]] == 0.0:
-                    out[owner[i]] = math.inf
-        exact, derive = self._exact, self._derive
-        if not any(out):                        # all finite: derived slots are too (0.0)
-            derive = {}
-        self._settle(out, [j for j, v in enumerate(out) if v != 0.0 and not exact[j] and j not in derive])
-        for j, deps in derive.items():          # in slot order: their inputs are settled first
-            vals = [out[k] for k in deps]
-            out[j] = math.nan if any(v != v for v in vals) else (math.inf if any(vals) else 0.0)
-        self._settle(out, [j for j in derive if out[j] != 0.0])
-        known = self._known
-        for j, t in enumerate(self._orig):      # later batches of the iteration reuse these
-            if t is not None:
-                try:
-                    known[id(t)] = (weakref.ref(t), t._version, out[j])
-                except TypeError:                # no weak reference to this tensor type
-                    pass
-        return out
-
-    def _settle(self, out: List[float], slots: List[int]) -> None:
-        """Exact values for ``slots`` from their held tensors (one host read per device)."""
-        held = self._held
-        by_device: Dict[torch.device, List[int]] = {}
-        for j in slots:
-            by_device.setdefault(held[j].device, []).append(j)
-        for js in by_device.values():
-            facts = torch.stack([torch.stack((held[j].isnan().any(), held[j].isinf().any())) for j in js]).tolist()
-            for j, (nan, inf) in zip(js, facts):
-                out[j] = math.nan if nan else (math.inf if inf else 0.0)
-
+    # ------------------------------------------------------------------ batches (device operators)
     def _reset_batch(self) -> None:
         self._calls, self._flags, self._memo, self._storages, self._indexed = [], [], {}, set(), 0
         self._held, self._owner, self._exact, self._orig, self._preset, self._derive = [], [], [], [], {}, {}
@@ -320,41 +244,52 @@ class OverflowWatch:
 
     def flush(self) -> None:
         """Judge the held operators in execution order; dump the overflowing ones."""
-        calls, copies = self._calls, self._copies.batch()
+        copies = self._copies.batch()
+        kept = self._judge_held()
+        if kept is not None:
+            self._copies.recycle(copies, kept)
+
+    def _judge_held(self) -> Optional[set]:
+        """Judge the held operators; the ids of the copies recorded (None: failed, keep all)."""
+        calls = self._calls
+        kept: set = set()
         if not calls:
-            return
+            return kept
         try:
             values = self._read_flags()
         except Exception as exc:   # noqa: BLE001
             self._reset_batch()
             self._fail(exc)
-            return
+            return None
         self._reset_batch()
         if not any(values):                     # every flag finite (NaN is truthy): no verdict
-            self._copies.recycle(copies, _NONE)
-            return
-        on_purpose = self._on_purpose
+            return kept
         isfinite = math.isfinite
-        kept: set = set()
         try:
             for call in calls:
-                bad_in = [(t, values[k]) for t, k in zip(call.inputs, call.in_flags) if k >= 0 and not isfinite(values[k])]
-                bad_out = [(s, t, values[k]) for s, (t, k) in enumerate(zip(call.outputs, call.out_flags))
-                           if k >= 0 and not isfinite(values[k])]
-                if not bad_in and not bad_out:
-                    continue
-                unexplained = any(math.isnan(v) or on_purpose.get(id(t)) is not t for t, v in bad_in)
-                verdict = judge(bool(bad_in), unexplained, bool(bad_out), any(math.isnan(v) for _, _, v in bad_out),
-                                call.flagged)
-                if verdict == ON_PURPOSE:
-                    for _, t, _ in bad_out:
-                        on_purpose[id(t)] = t
-                elif verdict == OPERATOR:
-                    kept |= call.private
-                    self._overflow(call, bad_out)
-            self._copies.recycle(copies, kept)
+                self._judge(call, [(t, values[k]) for t, k in zip(call.inputs, call.in_flags)
+                                   if k >= 0 and not isfinite(values[k])],
+                            [(s, t, values[k]) for s, (t, k) in enumerate(zip(call.outputs, call.out_flags))
+                             if k >= 0 and not isfinite(values[k])], kept)
         except Exception as exc:   # noqa: BLE001
             self._fail(exc)
+            return None
+        return kept
+
+    def _judge(self, call: _Call, bad_in, bad_out, kept: set) -> None:
+        """One operator's verdict from its non-finite inputs ``(tensor, value)`` and outputs
+        ``(slot, tensor, value)``: an on-purpose Inf is remembered, an origin recorded."""
+        if not bad_in and not bad_out:
+            return
+        on_purpose = self._on_purpose
+        unexplained = any(v != v or on_purpose.get(id(t)) is not t for t, v in bad_in)
+        verdict = judge(bool(bad_in), unexplained, bool(bad_out), any(v != v for _, _, v in bad_out), call.flagged)
+        if verdict == ON_PURPOSE:
+            for _, t, _ in bad_out:
+                on_purpose[id(t)] = t
+        elif verdict == OPERATOR:
+            kept |= call.private
+            self._overflow(call, bad_out)
 
     def _overflow(self, call: _Call, bad_out) -> None:
         op = call.op

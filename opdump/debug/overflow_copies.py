@@ -8,7 +8,8 @@ keeps the copies of judged batches and copies into them instead.
 
 Guarantees: a buffer is reused only after the batch that held it was judged and only if
 its operator was not recorded (the recorder may still be writing a recorded one); only
-plain, contiguous, floating tensors are pooled (others are cloned, as before); at most
+plain tensors and parameters (the optimizer's writes), contiguous and floating, are pooled
+(others are cloned, as before); at most
 :data:`POOL_BYTES` of free buffers (and 4 per shape) are kept.
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 POOL_BYTES = 256 << 20
 _PER_SHAPE = 4
 _FLOATS = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
+_PARAMETER = torch.nn.Parameter     # copied as its plain data (the optimizer's writes)
 
 
 class CopyPool:
@@ -33,7 +35,7 @@ class CopyPool:
         self._batch: List[torch.Tensor] = []                # pooled copies the batch holds
 
     def copy(self, t: torch.Tensor) -> torch.Tensor:
-        if (type(t) is not torch.Tensor or t.dtype not in _FLOATS or t.layout is not torch.strided
+        if ((type(t) is not torch.Tensor and type(t) is not _PARAMETER) or t.dtype not in _FLOATS or t.layout is not torch.strided
                 or not t.is_contiguous() or t.is_conj() or t.is_neg()):
             return t.detach().clone()
         free = self._free.get((t.shape, t.dtype, t.device))

@@ -42,6 +42,9 @@ WATCHER_JSON = "watcher.json"
 ONLINE_COMPARE_JSON = "online_compare.json"
 #: the same, one row per overflowing output (operator, source line, slot, NaN/+Inf/-Inf counts)
 OVERFLOW_CSV = "overflow.csv"
+#: in an iteration folder of an eager dump: its collective operators (group size, replicated,
+#: complete; README, "Rank consistency")
+COLLECTIVES_JSON = "collectives.json"
 
 #: the execution-order CSV's header line (one full name a line below it)
 EXECUTION_ORDER_HEADER = "NodeExecutionOrder-FullNameWithScope"

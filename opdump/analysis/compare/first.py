@@ -75,10 +75,14 @@ def _info(p: Pair, source_of: SourceOf, cause: str, reason: str) -> Dict[str, An
     }
 
 
-def _differing_parameters(pairs: List[Pair], shape=None) -> List[str]:
+def _differing_parameters(pairs: List[Pair], at, shape=None) -> List[str]:
+    """Parameters (and buffers) that differ as ``at``'s iteration used them, on ``at``'s rank:
+    a parameter that differs only after a later update is no cause of an earlier difference."""
     out = []
     for p in pairs:
         if p.a is None or p.a.kind == "op" or p.identical is not False:
+            continue
+        if p.a.rank != at.rank or p.a.iteration != at.iteration:
             continue
         if shape is not None and p.a.shape != shape:
             continue
@@ -114,7 +118,7 @@ def first_difference(pairs: List[Pair], source_of: SourceOf) -> Tuple[Optional[D
         if random_seen:
             continue
         p = in_diff[0]
-        params = _differing_parameters(pairs, p.a.shape) or _differing_parameters(pairs)
+        params = _differing_parameters(pairs, p.a, p.a.shape) or _differing_parameters(pairs, p.a)
         cause = (f"input.{p.a.slot} already differs when this operator runs: it comes from "
                  + (f"a parameter that differs ({', '.join(params[:3])})" if params
                     else "a graph input, a parameter, or an operator that was not dumped or not matched"))

@@ -44,10 +44,13 @@ from difflib import SequenceMatcher
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..reader import sanitize
-from ..reader.statistics import STAT_COLUMNS as STAT_KEYS
+from ..reader.statistics import STAT_COLUMNS
 from .frontend import RULE_FRONT_END, adds_nothing, canonical_signature, is_front_end
 from .mapping import split_tensor_ref
 from .pairs import RULE_MAPPING, RULE_NAME, RULE_ORDER, RULE_SIGNATURE, OpCall, Pair, Tensor
+
+#: the records' statistic keys (not the CSV headers) a statistics fingerprint is made of
+STAT_KEYS = tuple(dict.fromkeys(STAT_COLUMNS.values()))
 
 __all__ = ["Matching", "Matcher", "MappingMatcher", "AlignedOrderMatcher", "NameMatcher", "UniqueSignatureMatcher", "match", "align",
            "default_matchers", "mark_front_end"]

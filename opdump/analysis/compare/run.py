@@ -17,6 +17,7 @@ from ..reader.npy import dtype_name, npy_layout
 from ..reader import Dump, open_dump
 from .first import calls_in_order, first_difference, first_divergence
 from .mapping import load_mapping
+from .open_pair import open_pair
 from .frontend import RULE_FRONT_END
 from .match import default_matchers, match
 from .kernels import KERNEL_RULES, with_kernels
@@ -24,7 +25,6 @@ from .pairs import TABLE_COLUMNS, Pair, Tensor, shape_from_text
 from .fields import make_tensors
 from .gcpause import gc_paused, gc_running
 from .stat_fast import statistics_compare
-from .pool import default_workers, run_pairs
 from .result import CompareResult, rule_of
 from .verdict import Thresholds, judge_metrics, judge_pair, judge_statistics
 
@@ -189,15 +189,16 @@ def compare(a: Union[str, os.PathLike, Dump], b: Union[str, os.PathLike, Dump], 
     :func:`.match.default_matchers`). Raises :class:`CompareError` when there is nothing
     to compare."""
     import pandas as pd
-    da, db = _open(a), _open(b)
+    if isinstance(a, Dump) or isinstance(b, Dump):
+        da, db = _open(a), _open(b)
+    else:                                       # two paths: B read by a child meanwhile (.open_pair)
+        da, db = open_pair(a, b, open_dump)
     if isinstance(mapping, (str, os.PathLike)):
         mapping = load_mapping(mapping)
     plain = None
     if matchers is None:
         plain = default_matchers(mapping)
         matchers = with_kernels(plain, da, db)     # a kernel dump: buffers -> operators
-    if workers is None:
-        workers = default_workers()
     if rank_b is not None and rank is None:
         rank = min(da.rank_ids) if da.rank_ids else 0
     rank_pairs = ([(rank, rank_b if rank_b is not None else rank)] if rank is not None
@@ -207,6 +208,9 @@ def compare(a: Union[str, os.PathLike, Dump], b: Union[str, os.PathLike, Dump], 
                                   _check_samples, _iteration_pairs, _Sources(da, db))
         if fast is not None:
             return fast
+    from .pool import default_workers, run_pairs    # the worker pool (multiprocessing): not for statistics only
+    if workers is None:
+        workers = default_workers()
     pairs: List[Pair] = []
     all_it_pairs: List[Tuple[int, int]] = []
     seen_a = seen_b = False

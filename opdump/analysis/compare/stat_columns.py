@@ -121,8 +121,10 @@ def judge_columns(column_a, column_b, n: int, md5_a: List[Any], md5_b: List[Any]
     col_a = {k: column_a(k) for k in _VALUES}
     col_b = {k: column_b(k) for k in _VALUES}
     na, nb = nonfinite_codes_of(column_a, n, col_a), nonfinite_codes_of(column_b, n, col_b)
-    md5 = np.fromiter((isinstance(ma, str) and isinstance(mb, str) and bool(ma) and bool(mb) and ma == mb
-                       for ma, mb in zip(md5_a, md5_b)), dtype=bool, count=n)
+    no_md5 = md5_a.count(None) == n or md5_b.count(None) == n        # no MD5 column: nothing to read
+    md5 = np.zeros(n, bool) if no_md5 else np.fromiter(
+        (isinstance(ma, str) and isinstance(mb, str) and bool(ma) and bool(mb) and ma == mb
+         for ma, mb in zip(md5_a, md5_b)), dtype=bool, count=n)
     nf_diverged = ~md5 & (na >= 0) & (nb >= 0) & (na != nb)
     live = ~md5 & ~nf_diverged
     either_nf = (na == 1) | (nb == 1)
@@ -155,50 +157,56 @@ def judge_columns(column_a, column_b, n: int, md5_a: List[Any], md5_b: List[Any]
             upd = differ & ~(d <= th.stat_atol) & (rel > worst)
             worst = np.where(upd, rel, worst)
             worst_k[upd] = ki
-    worst_l, worst_all_l, wk, nk = worst.tolist(), worst_all.tolist(), worst_k.tolist(), nan_k.tolist()
-    na_l, nb_l, md5_l, nfd_l = na.tolist(), nb.tolist(), md5.tolist(), nf_diverged.tolist()
+    return _results(n, md5, nf_diverged, nan_k, worst, worst_all, worst_k, na, nb, values, md5_a, md5_b,
+                    has_any, same_dtype, dtype_a, th, tolerance)
+
+
+def _results(n, md5, nf_diverged, nan_k, worst, worst_all, worst_k, na, nb, values, md5_a, md5_b, has_any,
+             same_dtype, dtype_a, th, tolerance):
+    """The per-pair lists of :func:`judge_columns` from its columns, the rules of the
+    per-pair code case by case (in its order: MD5, NaN/Inf on one side, a NaN statistic,
+    then the worst relative difference), each case filled over its rows at once."""
+    wk, nk = worst_k.tolist(), nan_k.tolist()
+    worst_l, worst_all_l = worst.tolist(), worst_all.tolist()
+    case = np.where(md5, 0, np.where(nf_diverged, 1, np.where(nan_k >= 0, 2, 3)))
+    verdicts: List[Any] = [None] * n
+    reasons: List[Any] = [None] * n
+    extras: List[Any] = [None] * n
+    for i in np.flatnonzero(case == 0).tolist():
+        verdicts[i], reasons[i] = "pass", "identical (MD5)"
+        extras[i] = {"stat_max_rel_diff": 0.0, "stat_rel_diff_all": 0.0}
+    for i in np.flatnonzero(case == 1).tolist():
+        verdicts[i], reasons[i], extras[i] = "diverged", "NaN/Inf in " + ("A only" if na[i] == 1 else "B only"), {}
+    for i in np.flatnonzero(case == 2).tolist():
+        k = nk[i]
+        verdicts[i], extras[i] = "diverged", {}
+        reasons[i] = f"{_VALUES[k]}: {float(values[k][0][i])} vs {float(values[k][1][i])}"
+    rest = case == 3
+    for i in np.flatnonzero(rest & (worst_k < 0)).tolist():
+        verdicts[i] = "pass"
+        reasons[i] = "statistics agree" if has_any[i] else "no comparable statistics"
+    fail, warn = th.stat_fail, th.stat_warn
+    for i in np.flatnonzero(rest & (worst_k >= 0)).tolist():
+        w = worst_l[i]
+        reasons[i] = f"{_VALUES[wk[i]]} differs by {w:.3g} (relative)"
+        verdicts[i] = "diverged" if w > fail else "warning" if w > warn else "pass"
+    for i in np.flatnonzero(rest).tolist():
+        extras[i] = {"stat_max_rel_diff": worst_l[i], "stat_rel_diff_all": worst_all_l[i]}
+    # identical (verdict._stats_identical): MD5 on both sides decides; else NaN/Inf codes
+    # that disagree; else the largest difference within the dtype's tolerance
+    both_md5 = np.zeros(n, bool) if md5_a.count(None) == n or md5_b.count(None) == n else np.fromiter(
+        (isinstance(ma, str) and isinstance(mb, str) and bool(ma) and bool(mb) for ma, mb in zip(md5_a, md5_b)),
+        dtype=bool, count=n)
     tol_cache: Dict[Any, float] = {}
-    verdicts: List[str] = []
-    reasons: List[str] = []
-    extras: List[Dict[str, Any]] = []
-    identical: List[Optional[bool]] = []
-    for i in range(n):
-        if md5_l[i]:
-            extra = {"stat_max_rel_diff": 0.0, "stat_rel_diff_all": 0.0}
-            v, why = "pass", "identical (MD5)"
-        elif nfd_l[i]:
-            extra = {}
-            v, why = "diverged", "NaN/Inf in " + ("A only" if na_l[i] == 1 else "B only")
-        elif nk[i] >= 0:
-            k = _VALUES[nk[i]]
-            extra = {}
-            v, why = "diverged", f"{k}: {float(values[nk[i]][0][i])} vs {float(values[nk[i]][1][i])}"
-        else:
-            extra = {"stat_max_rel_diff": worst_l[i], "stat_rel_diff_all": worst_all_l[i]}
-            if wk[i] < 0:
-                v = "pass"
-                why = "statistics agree" if has_any[i] else "no comparable statistics"
-            else:
-                w = worst_l[i]
-                why = f"{_VALUES[wk[i]]} differs by {w:.3g} (relative)"
-                v = "diverged" if w > th.stat_fail else "warning" if w > th.stat_warn else "pass"
-        verdicts.append(v)
-        reasons.append(why)
-        extras.append(extra)
-        identical.append(_identical(md5_a[i], md5_b[i], extra, dtype_a[i], na_l[i], nb_l[i], tolerance, tol_cache)
-                         if same_dtype[i] else None)
+    tol = np.empty(n)
+    for i, d in enumerate(dtype_a):
+        t = tol_cache.get(d)
+        if t is None:
+            t = tol_cache[d] = tolerance(d)
+        tol[i] = t
+    diff = np.where(rest, worst_all, 0.0)
+    with np.errstate(invalid="ignore"):
+        within = diff <= tol
+    ident = np.where(both_md5, md5, np.where((na >= 0) & (nb >= 0) & (na != nb), False, within)).tolist()
+    identical = [x if s else None for x, s in zip(ident, same_dtype)]
     return verdicts, reasons, extras, identical
-
-
-def _identical(ma, mb, extra, dtype, na: int, nb: int, tolerance, cache: Dict[Any, float]) -> bool:
-    """:func:`.verdict._stats_identical` (``ma``/``mb`` the MD5 cells) with the NaN/Inf codes
-    of :func:`nonfinite_codes`."""
-    if isinstance(ma, str) and isinstance(mb, str) and ma and mb:
-        return ma == mb
-    d = extra.get("stat_rel_diff_all", 0.0) or 0.0
-    if na >= 0 and nb >= 0 and na != nb:
-        return False
-    tol = cache.get(dtype)
-    if tol is None:
-        tol = cache[dtype] = tolerance(dtype)
-    return d <= tol

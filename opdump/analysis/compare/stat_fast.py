@@ -118,10 +118,18 @@ def statistics_compare(da, db, rank_pairs, iterations, io, include_parameters, t
 
 
 def _positions(its: List[Optional[int]]) -> Dict[Optional[int], np.ndarray]:
-    out: Dict[Optional[int], List[int]] = {}
-    for i, v in enumerate(its):
-        out.setdefault(v, []).append(i)
-    return {k: np.asarray(v, dtype=np.int64) for k, v in out.items()}
+    """Row positions of each iteration, in row order (taken run by run: records come
+    grouped by iteration)."""
+    import operator
+    n = len(its)
+    if not n:
+        return {}
+    cuts = np.flatnonzero(np.fromiter(map(operator.ne, its[1:], its[:-1]), dtype=bool, count=n - 1)) + 1
+    starts = [0] + cuts.tolist()
+    out: Dict[Optional[int], List[np.ndarray]] = {}
+    for s0, e0 in zip(starts, starts[1:] + [n]):
+        out.setdefault(its[s0], []).append(np.arange(s0, e0, dtype=np.int64))
+    return {k: v[0] if len(v) == 1 else np.concatenate(v) for k, v in out.items()}
 
 
 def _pair_rank(sa, sb, it_a, it_b, it_pairs):
@@ -172,71 +180,50 @@ def _dclass(rec) -> List[str]:
 def _tie_breaks(sa, sb, blocks, ai, bi, rules, dclass) -> bool:
     """Reproduce :func:`.match._tie_break` on the position-by-position pairing (module doc):
     ``bi`` and ``rules`` are changed in place where it re-pairs calls.  False: a re-paired
-    call does not pair tensor by tensor; the per-row stages must decide."""
-    from .match import STAT_KEYS, pair_by_fingerprint    # the fingerprint's keys and pairing, as the matcher's
-    kind = sa["kind"].tolist()
-    ops, files, types = sa["op"].tolist(), sa["op_file"].tolist(), sa["op_type"].tolist()
-    iob, slots, graphs, calls = sa["io"].tolist(), sa["slot"].tolist(), sa["graph"].tolist(), sa["call"].tolist()
-    shapes = sa["shape"].tolist()
-    # calls of each (iteration pair, scope), in order of first appearance among A's rows
-    where: Dict[tuple, List[int]] = {}           # call key -> positions k (into ai)
-    call_order: List[tuple] = []
-    ai_l = ai.tolist()
-    for k, i in enumerate(ai_l):
-        if kind[i] != "op":
-            continue
-        key = (blocks[k], graphs[i], files[i], int(calls[i]))      # a call of one iteration pair
-        lst = where.get(key)
-        if lst is None:
-            where[key] = [k]
-            call_order.append(key)
-        else:
-            lst.append(k)
-    head: Dict[tuple, tuple] = {}                # call -> (scope, base type); ties need two of one
-    count: Dict[tuple, int] = {}
-    for key in call_order:
-        first = ai_l[where[key][0]]
-        op = ops[first]
-        h = head[key] = (key[0], op.rsplit("/", 1)[0] if "/" in op else "", _base_type(types[first]))
-        count[h] = count.get(h, 0) + 1
-    scopes: Dict[tuple, Dict[tuple, List[tuple]]] = {}
-    for key in call_order:
-        blk, scope, base = head[key]
-        if count[(blk, scope, base)] < 2:
-            continue                             # its signature occurs once in its scope: no tie
-        cut = EXTRA_OUTPUTS.get(base)
-        sig = [(iob[ai_l[k]], int(slots[ai_l[k]]), shape_from_text(shapes[ai_l[k]]), dclass[ai_l[k]])
-               for k in where[key]
-               if not (cut is not None and iob[ai_l[k]] == "output" and int(slots[ai_l[k]]) >= cut)]
-        sig = (canonical_type(base),) + tuple(sorted(sig, key=lambda s: (s[0], s[1])))
-        scopes.setdefault((key[0], scope), {}).setdefault(sig, []).append(key)
-    cols_a = {c: sa[c].tolist() for c in STAT_KEYS if c in sa.columns}
-    cols_b = {c: sb[c].tolist() for c in STAT_KEYS if c in sb.columns}
+    call does not pair tensor by tensor; the per-row stages must decide.
+
+    Done iteration pair by iteration pair (``blocks`` runs of equal ids): which calls tie
+    depends only on the block's rows (kind, names, types, io, slot, call, shape, dtype
+    class), so blocks with the same rows share it (:func:`_tie_groups`, computed once);
+    only the fingerprints (statistics values, as codes: :func:`_fingerprint_codes`) are
+    block by block."""
+    from .match import pair_by_fingerprint          # the matcher's pairing of fingerprints
+    cols = ("kind", "graph", "op_file", "call", "op", "op_type", "io", "slot", "shape")
+    arr_a = {c: sa[c].to_numpy(dtype=object) for c in cols}
+    dclass_a = np.empty(len(dclass), dtype=object)
+    dclass_a[:] = dclass
+    code_a, code_b = _fingerprint_codes(sa, sb)
     io_b, slot_b, ops_b = sb["io"].tolist(), sb["slot"].tolist(), sb["op"].tolist()
+    ops_a, iob, slots = arr_a["op"], arr_a["io"], arr_a["slot"]
     bi_l = bi.tolist()
-
-    def fingerprint(ks: List[int], rows: List[int], io, slot, cols) -> tuple:
-        outs = sorted((k for k in ks if io[rows[k]] == "output"), key=lambda k: slot[rows[k]]) or list(ks)
-        return tuple(tuple(str(cols[c][rows[k]]) for c in cols) for k in outs)
-
-    moved = {}
-    for groups in scopes.values():
-        for group in groups.values():
-            if len(group) < 2:
-                continue
-            fa = [fingerprint(where[c], ai_l, iob, slots, cols_a) for c in group]
-            fb = [fingerprint(where[c], bi_l, io_b, slot_b, cols_b) for c in group]
+    ai_l = ai.tolist()
+    memo: Dict[tuple, list] = {}
+    moved: List[Tuple[List[int], List[int]]] = []
+    for s0, e0 in _runs(blocks):
+        rows = ai[s0:e0]
+        block = [arr_a[c][rows].tolist() for c in cols] + [dclass_a[rows].tolist()]
+        try:
+            key = tuple(tuple(x) for x in block)
+            groups = memo.get(key)
+        except TypeError:                           # an unhashable cell: this block on its own
+            key, groups = None, None
+        if groups is None:
+            groups = _tie_groups(*block)
+            if key is not None:
+                memo[key] = groups
+        for group in groups:
+            fa = [tuple(code_a[ai_l[s0 + o]] for o in fp) for _, fp in group]
+            fb = [tuple(code_b[bi_l[s0 + o]] for o in fp) for _, fp in group]
             if fa == fb:
                 continue
             for x, y in pair_by_fingerprint(fa, fb):
                 if x != y:
-                    moved[group[x]] = group[y]
-    for cx, cy in moved.items():
-        kx, ky = where[cx], where[cy]
+                    moved.append(([s0 + o for o in group[x][0]], [s0 + o for o in group[y][0]]))
+    for kx, ky in moved:
         by_key = {(io_b[bi_l[k]], slot_b[bi_l[k]]): bi_l[k] for k in ky}
         if len(by_key) != len(ky) or len(kx) != len(ky):
             return False
-        rule = RULE_NAME if ops[ai_l[kx[0]]] == ops_b[bi_l[ky[0]]] else RULE_ORDER
+        rule = RULE_NAME if ops_a[ai_l[kx[0]]] == ops_b[bi_l[ky[0]]] else RULE_ORDER
         for k in kx:
             j = by_key.get((iob[ai_l[k]], slots[ai_l[k]]))
             if j is None:
@@ -244,3 +231,76 @@ def _tie_breaks(sa, sb, blocks, ai, bi, rules, dclass) -> bool:
             bi[k] = j
             rules[k] = rule
     return True
+
+
+def _runs(blocks: List[int]) -> List[Tuple[int, int]]:
+    """(start, end) of each run of equal ids in ``blocks``."""
+    b = np.asarray(blocks)
+    if not len(b):
+        return []
+    cut = (np.flatnonzero(b[1:] != b[:-1]) + 1).tolist()
+    starts = [0] + cut
+    return list(zip(starts, cut + [len(b)]))
+
+
+def _tie_groups(kind, graphs, files, calls, ops, types, iob, slots, shapes, dclass) -> List[List[tuple]]:
+    """The tie groups of one block's rows (A's side, in pair order): for each group of calls
+    of one scope with equal signatures (two or more), per call (its row offsets, the offsets
+    whose statistics make its fingerprint: outputs by slot, else all) -- :func:`.match._tie_break`'s
+    grouping, as the per-row matcher makes it."""
+    where: Dict[tuple, List[int]] = {}              # call key -> row offsets
+    for k, kd in enumerate(kind):
+        if kd != "op":
+            continue
+        key = (graphs[k], files[k], int(calls[k]))
+        lst = where.get(key)
+        if lst is None:
+            where[key] = [k]
+        else:
+            lst.append(k)
+    head: Dict[tuple, tuple] = {}                   # call -> (scope, base type); ties need two of one
+    count: Dict[tuple, int] = {}
+    for key, ks in where.items():
+        op = ops[ks[0]]
+        h = head[key] = (op.rsplit("/", 1)[0] if "/" in op else "", _base_type(types[ks[0]]))
+        count[h] = count.get(h, 0) + 1
+    scopes: Dict[str, Dict[tuple, List[tuple]]] = {}
+    for key, ks in where.items():
+        scope, base = head[key]
+        if count[(scope, base)] < 2:
+            continue                                # its signature occurs once in its scope: no tie
+        cut = EXTRA_OUTPUTS.get(base)
+        sig = [(iob[k], int(slots[k]), shape_from_text(shapes[k]), dclass[k]) for k in ks
+               if not (cut is not None and iob[k] == "output" and int(slots[k]) >= cut)]
+        sig = (canonical_type(base),) + tuple(sorted(sig, key=lambda s: (s[0], s[1])))
+        outs = sorted((k for k in ks if iob[k] == "output"), key=lambda k: slots[k]) or list(ks)
+        scopes.setdefault(scope, {}).setdefault(sig, []).append((ks, tuple(outs)))
+    return [group for sigs in scopes.values() for group in sigs.values() if len(group) >= 2]
+
+
+def _fingerprint_codes(sa, sb) -> Tuple[List[int], List[int]]:
+    """Per row of A and of B, a code standing for its statistics fingerprint (the matcher's
+    ``tuple(str(row[k]) for k in STAT_KEYS if k in row)``, STAT_KEYS the statistic keys): equal codes across the sides
+    exactly where those tuples are equal (float64 columns by their bits, NaN as one, as
+    ``str`` tells them apart; any other column through ``str``)."""
+    import pandas as pd
+    from .match import STAT_KEYS
+    ka = [c for c in STAT_KEYS if c in sa.columns]
+    kb = [c for c in STAT_KEYS if c in sb.columns]
+    na, nb = len(sa), len(sb)
+    if len(ka) != len(kb):                          # tuples of other lengths never agree
+        return [0] * na, [1] * nb
+    codes = np.zeros(na + nb, dtype=np.int64)
+    for ca, cb in zip(ka, kb):
+        x, y = sa[ca], sb[cb]
+        if x.dtype == y.dtype and x.dtype in (np.float64, np.int64, np.bool_):
+            vals = np.concatenate([x.to_numpy(), y.to_numpy()])
+            if vals.dtype == np.float64:
+                nan = np.isnan(vals)
+                vals = vals.view(np.int64).copy()
+                vals[nan] = 0x7FF8000000000000      # every NaN prints as nan
+        else:
+            vals = np.asarray(list(map(str, x.tolist())) + list(map(str, y.tolist())), dtype=object)
+        col, uniq = pd.factorize(vals)
+        codes = pd.factorize(codes * len(uniq) + col)[0]
+    return codes[:na].tolist(), codes[na:].tolist()

@@ -10,11 +10,13 @@ functions can look at (the differing ones and the calls they name), in table ord
 """
 from __future__ import annotations
 
+from itertools import compress
 from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
 from ..common import is_garbage, is_random_op
+from ..reader.records_columns import typed_array
 from .fields import make_tensors
 from .first import first_difference, first_divergence
 from .pairs import TABLE_COLUMNS, Pair, _shape_text, shape_from_text
@@ -48,6 +50,71 @@ def _shape_texts(texts: List[Any]) -> List[Optional[str]]:
     return out
 
 
+def _take(frame, col: str, rows: np.ndarray) -> List[Any]:
+    """``frame[col]`` at ``rows`` as Python objects (None for a column the frame lacks), as
+    ``to_numpy(dtype=object)[rows].tolist()`` gives them."""
+    if col not in frame.columns:
+        return [None] * len(rows)
+    ser = frame[col]
+    if isinstance(ser.dtype, np.dtype):
+        return ser.to_numpy()[rows].tolist()          # int/float/bool/object: the same Python objects
+    return ser.to_numpy(dtype=object)[rows].tolist()
+
+
+def _iterations(frame, rows: np.ndarray) -> List[Optional[int]]:
+    """The iteration of each row (None where missing)."""
+    v = frame["iteration"].astype(object).to_numpy()[rows].tolist()
+    return [None if (x is None or x != x) else int(x) for x in v]
+
+
+def _dtypes(cells: List[Any]) -> List[Optional[str]]:
+    memo: Dict[Any, Optional[str]] = {}
+    out = []
+    for v in cells:
+        try:
+            r = memo[v]
+        except (KeyError, TypeError):
+            r = _dtype(v)
+            try:
+                memo[v] = r
+            except TypeError:
+                pass
+        out.append(r)
+    return out
+
+
+def _stat_part(frame, col: str, rows: np.ndarray):
+    """One part of a statistic column: ("num", float64 values) where the frame's column is
+    of int or float dtype (every cell known), else ("obj", the cells as Python objects)."""
+    if col not in frame.columns:
+        return ("none", len(rows))
+    ser = frame[col]
+    dt = ser.dtype
+    if isinstance(dt, np.dtype) and dt.kind in "if":
+        return ("num", ser.to_numpy()[rows].astype(np.float64))
+    return ("obj", _take(frame, col, rows))
+
+
+def _stat_column(parts, live: Optional[np.ndarray]):
+    """:func:`.stat_columns.column_of_values` of the concatenated parts at ``live`` (all
+    when None): float64 columns as they are (known everywhere: the values a list of their
+    Python floats converts to), any other cells through ``column_of_values``."""
+    if all(kind == "num" for kind, _ in parts):
+        vals = np.concatenate([v for _, v in parts]) if len(parts) != 1 else parts[0][1]
+        if live is not None:
+            vals = vals[live]
+        return vals, np.ones(len(vals), dtype=bool)
+    if all(kind == "none" for kind, _ in parts):             # no such column: every cell unknown (None)
+        m = sum(n for _, n in parts) if live is None else len(live)
+        return np.full(m, np.nan), np.zeros(m, dtype=bool)
+    cells: List[Any] = []
+    for kind, v in parts:
+        cells += v.tolist() if kind == "num" else [None] * v if kind == "none" else v
+    if live is not None:
+        cells = [cells[i] for i in live.tolist()]
+    return column_of_values(cells)
+
+
 class StatPairs:
     """Column lists, one entry per pair, in table order; ``src`` (side frame, row) per pair."""
 
@@ -62,66 +129,65 @@ class StatPairs:
             "rank", "iteration", "iteration_b", "graph", "op", "op_b", "op_type", "kind", "io", "slot", "call",
             "match", "order", "dtype_a", "dtype_b", "shape_a", "shape_b", "side", "row_a", "row_b",
             "op_type_b", "io_b", "slot_b", "kind_b", "rank_b", "graph_b", "op_file", "op_file_b", "call_b")}
-        stat = {"a": {k: [] for k in _VALUES + ("count", "data_size", "nan_count", "positive_inf_count",
-                                                 "negative_inf_count", "md5")},
-                "b": {k: [] for k in _VALUES + ("count", "data_size", "nan_count", "positive_inf_count",
-                                                 "negative_inf_count", "md5")}}
+        stat_keys = _VALUES + ("count", "data_size", "nan_count", "positive_inf_count", "negative_inf_count")
+        # statistics per side: per part, the frame's column (typed where it is) at the pair rows
+        stat: Dict[str, Dict[str, list]] = {"a": {k: [] for k in stat_keys + ("md5",)},
+                                            "b": {k: [] for k in stat_keys + ("md5",)}}
         has_any: List[bool] = []
         for s, ((sa, sb), (ai, bi, rules)) in enumerate(zip(sides, parts)):
-            ai_l, bi_l = ai, bi
-
-            def take(frame, col, rows):
-                if col not in frame.columns:
-                    return [None] * len(rows)
-                return frame[col].to_numpy(dtype=object)[rows].tolist()
-
-            def its(frame, rows):
-                v = frame["iteration"].astype(object).tolist()
-                return [None if (x is None or x != x) else int(x) for x in (v[i] for i in rows)]
             for k in ("rank", "graph", "op", "op_type", "kind", "io", "slot", "call", "order", "op_file"):
-                c[k] += take(sa, k, ai_l)
+                c[k] += _take(sa, k, ai)
             for k, dst in (("op", "op_b"), ("op_type", "op_type_b"), ("io", "io_b"), ("slot", "slot_b"),
                            ("kind", "kind_b"), ("rank", "rank_b"), ("graph", "graph_b"), ("op_file", "op_file_b"),
                            ("call", "call_b")):
-                c[dst] += take(sb, k, bi_l)
-            c["iteration"] += its(sa, ai_l)
-            c["iteration_b"] += its(sb, bi_l)
+                c[dst] += _take(sb, k, bi)
+            c["iteration"] += _iterations(sa, ai)
+            c["iteration_b"] += _iterations(sb, bi)
             c["match"] += rules.tolist()
-            c["dtype_a"] += [_dtype(v) for v in take(sa, "dtype", ai_l)]
-            c["dtype_b"] += [_dtype(v) for v in take(sb, "dtype", bi_l)]
-            c["shape_a"] += _shape_texts(take(sa, "shape", ai_l))
-            c["shape_b"] += _shape_texts(take(sb, "shape", bi_l))
-            c["side"] += [s] * len(ai_l)
-            c["row_a"] += ai_l.tolist()
-            c["row_b"] += bi_l.tolist()
-            for k in stat["a"]:
-                stat["a"][k] += take(sa, k, ai_l)
-                stat["b"][k] += take(sb, k, bi_l)
+            c["dtype_a"] += _dtypes(_take(sa, "dtype", ai))
+            c["dtype_b"] += _dtypes(_take(sb, "dtype", bi))
+            c["shape_a"] += _shape_texts(_take(sa, "shape", ai))
+            c["shape_b"] += _shape_texts(_take(sb, "shape", bi))
+            c["side"] += [s] * len(ai)
+            c["row_a"] += ai.tolist()
+            c["row_b"] += bi.tolist()
+            for tag, frame, rows in (("a", sa, ai), ("b", sb, bi)):
+                for k in stat_keys:
+                    stat[tag][k].append(_stat_part(frame, k, rows))
+                stat[tag]["md5"] += _take(sa if tag == "a" else sb, "md5", rows)
             any_k = any(k in sa.columns and k in sb.columns for k in _VALUES)
-            has_any += [any_k] * len(ai_l)
+            has_any += [any_k] * len(ai)
         for k in ("rank", "graph", "slot", "call", "order", "rank_b", "graph_b", "slot_b", "call_b"):
-            c[k] = [int(v) for v in c[k]]
+            if set(map(type, c[k])) - {int}:
+                c[k] = [int(v) for v in c[k]]
         n = len(c["rank"])
         # verdicts (judge_pair, then the statistics of the pairs it does not skip)
         skip = [x or y for x, y in zip(garbage(c["op_type"], c["io"], c["slot"]),
                                        garbage(c["op_type_b"], c["io_b"], c["slot_b"]))]
-        live = [i for i in range(n) if not skip[i]]
+        all_live = not any(skip)
+        live = list(range(n)) if all_live else [i for i in range(n) if not skip[i]]
         same = [bool(x) and x.lower() == (y or "").lower() for x, y in zip(c["dtype_a"], c["dtype_b"])]
-        verdict: List[Optional[str]] = ["skipped"] * n
-        reason = [_SKIPPED] * n
-        mode = [""] * n
-        metrics: List[Dict[str, Any]] = [{} for _ in range(n)]
-        identical: List[Optional[bool]] = [None] * n
         if live:
+            live_a = None if all_live else np.asarray(live, dtype=np.int64)
+
             def col(side):
                 def f(k):
-                    vals = stat[side].get(k)
-                    return column_of_values([vals[i] for i in live] if vals is not None else [None] * len(live))
+                    return _stat_column(stat[side][k], live_a)
                 return f
-            v, r, ex, ident = judge_columns(col("a"), col("b"), len(live), [stat["a"]["md5"][i] for i in live],
-                                            [stat["b"]["md5"][i] for i in live], [has_any[i] for i in live],
-                                            [same[i] for i in live], [c["dtype_a"][i] for i in live], th,
-                                            lambda dtype: same_dtype_tolerance(dtype, th))
+
+            def pick(v):
+                return v if all_live else [v[i] for i in live]
+            v, r, ex, ident = judge_columns(col("a"), col("b"), len(live), pick(stat["a"]["md5"]),
+                                            pick(stat["b"]["md5"]), pick(has_any), pick(same),
+                                            pick(c["dtype_a"]), th, lambda dtype: same_dtype_tolerance(dtype, th))
+        if all_live and live:
+            verdict, reason, metrics, identical, mode = v, r, ex, ident, ["statistics"] * n
+        else:
+            verdict: List[Optional[str]] = ["skipped"] * n
+            reason = [_SKIPPED] * n
+            mode = [""] * n
+            metrics: List[Dict[str, Any]] = [{} for _ in range(n)]
+            identical: List[Optional[bool]] = [None] * n
             for k, i in enumerate(live):
                 verdict[i], reason[i], metrics[i], identical[i], mode[i] = v[k], r[k], ex[k], ident[k], "statistics"
         random_rule(c["op_type"], c["io"], verdict, reason)
@@ -131,10 +197,13 @@ class StatPairs:
         it_key = np.asarray([1 << 60 if x is None else x for x in c["iteration"]], dtype=np.int64)
         order = np.lexsort((np.asarray(c["order"], np.int64), np.asarray(c["rank"], np.int64), it_key))
         self.cols = {}
-        for k, v in c.items():
-            arr = np.empty(n, dtype=object)
-            arr[:] = v
-            self.cols[k] = arr[order].tolist()
+        if bool(np.all(order == np.arange(n))):
+            self.cols = dict(c)                          # already in table order
+        else:
+            for k, v in c.items():
+                arr = np.empty(n, dtype=object)
+                arr[:] = v
+                self.cols[k] = arr[order].tolist()
         self.sides = sides
         return self
 
@@ -163,19 +232,15 @@ def _sources(sp: StatPairs, da, db, sources) -> None:
         def __init__(self, kind, rank, graph, op):
             self.kind, self.rank, self.graph, self.op = kind, rank, graph, op
     c = sp.cols
+    keys = list(zip(c["kind"], c["rank"], c["graph"], c["op"], c["kind_b"], c["rank_b"], c["graph_b"], c["op_b"]))
     cache: Dict[tuple, str] = {}
-    out = []
-    for ka, ra, ga, oa, kb, rb, gb, ob in zip(c["kind"], c["rank"], c["graph"], c["op"], c["kind_b"], c["rank_b"],
-                                              c["graph_b"], c["op_b"]):
-        key = (ka, ra, ga, oa, kb, rb, gb, ob)
-        s = cache.get(key)
-        if s is None:
-            s = sources.of_tensor(da, _T(ka, ra, ga, oa))
-            if not s[0]:
-                s = sources.of_tensor(db, _T(kb, rb, gb, ob))
-            s = cache[key] = s[0]
-        out.append(s)
-    c["source"] = out
+    for key in dict.fromkeys(keys):                  # once per distinct operator pair, first seen first
+        ka, ra, ga, oa, kb, rb, gb, ob = key
+        s = sources.of_tensor(da, _T(ka, ra, ga, oa))
+        if not s[0]:
+            s = sources.of_tensor(db, _T(kb, rb, gb, ob))
+        cache[key] = s[0]
+    c["source"] = list(map(cache.__getitem__, keys))
 
 
 def _table(sp: StatPairs, pd):
@@ -192,13 +257,21 @@ def _table(sp: StatPairs, pd):
         "dtype_a": c["dtype_a"], "dtype_b": c["dtype_b"], "shape_a": c["shape_a"], "shape_b": c["shape_b"],
         "source": c["source"], "path_a": none, "path_b": none}
     cols = {}
+    typed = {}
     for k in TABLE_COLUMNS:
         v = data.get(k, none)
+        arr = typed_array(v) if n else None          # one of int/float/bool: infer_objects' array
+        if arr is not None:
+            typed[k] = arr
+            continue
         arr = np.empty(n, dtype=object)
         arr[:] = v
         cols[k] = arr
     # the per-row stages build the frame from rows of Python objects: the same inference
-    table = pd.DataFrame(cols, columns=TABLE_COLUMNS).infer_objects()
+    table = pd.DataFrame(cols, columns=[k for k in TABLE_COLUMNS if k in cols]).infer_objects()
+    for k, arr in typed.items():
+        table[k] = arr
+    table = table[list(TABLE_COLUMNS)]
     table["order"] = range(len(table))
     for k in ("iteration", "iteration_b"):
         table[k] = pd.array(c[k], dtype="Int64")
@@ -220,10 +293,10 @@ def finish_result(da, db, sp: StatPairs, rank_pairs, it_pairs, thresholds, sourc
     matched_by: Dict[str, int] = {}
     for r in c["match"]:
         matched_by[r] = matched_by.get(r, 0) + 1
-    calls_a = len({k for k, kind in zip(zip(c["rank"], c["iteration"], c["graph"], c["op_file"], c["call"]),
-                                        c["kind"]) if kind == "op"})
-    calls_b = len({k for k, kind in zip(zip(c["rank_b"], c["iteration_b"], c["graph_b"], c["op_file_b"],
-                                            c["call_b"]), c["kind_b"]) if kind == "op"})
+    calls_a = len(set(compress(zip(c["rank"], c["iteration"], c["graph"], c["op_file"], c["call"]),
+                               map("op".__eq__, c["kind"]))))
+    calls_b = len(set(compress(zip(c["rank_b"], c["iteration_b"], c["graph_b"], c["op_file_b"], c["call_b"]),
+                               map("op".__eq__, c["kind_b"]))))
     ops = {"calls_a": calls_a, "matched_a": calls_a, "calls_b": calls_b, "matched_b": calls_b}
     result = CompareResult(str(da.path), str(db.path), _table(sp, pd), None, [], [], [], [], thresholds, it_pairs,
                            (rank_pairs[0] if len(rank_pairs) == 1 else (None, None)), matched_by=matched_by,
@@ -289,11 +362,6 @@ def random_rule(op_types: List[str], ios: List[str], verdicts: List[str], reason
 
 def garbage(op_types: List[str], ios: List[str], slots: List[Any]) -> List[bool]:
     """:func:`opdump.analysis.common.is_garbage` per row, once per distinct (type, io, slot)."""
-    cache: Dict[tuple, bool] = {}
-    out = []
-    for k in zip(op_types, ios, slots):
-        r = cache.get(k)
-        if r is None:
-            r = cache[k] = is_garbage(*k)
-        out.append(r)
-    return out
+    keys = list(zip(op_types, ios, slots))
+    cache = {k: is_garbage(*k) for k in dict.fromkeys(keys)}      # once per distinct key, first seen first
+    return list(map(cache.__getitem__, keys))

@@ -21,11 +21,12 @@ import numpy as np
 __all__ = ["write_table_csv", "column_texts"]
 
 _ROW = None          # a csv writer over a buffer: pandas' dialect (QUOTE_MINIMAL, "\n" line end)
+_PLAIN = None        # the ASCII characters that never make that writer quote a field
 
 
-def _quote(s: str) -> str:
-    """One field as pandas' csv writer writes it (which characters force quotes depends on
-    the Python version: the writer itself is asked, once per distinct text)."""
+def _writer_quote(s: str) -> str:
+    """One field as pandas' csv writer writes it: the writer itself is asked (which
+    characters force quotes depends on the Python version)."""
     global _ROW
     if _ROW is None:
         import csv
@@ -37,6 +38,27 @@ def _quote(s: str) -> str:
     buf.truncate()
     w.writerow((s, ""))
     return buf.getvalue()[:-2]                        # the row less ",\n"
+
+
+def _plain_chars() -> frozenset:
+    """ASCII characters the writer leaves unquoted wherever they stand in a field."""
+    out = set()
+    for i in range(128):
+        c = chr(i)
+        if all(_writer_quote(f) == f for f in (c, "a" + c, c + "a", "a" + c + "b", c + c)):
+            out.add(c)
+    return frozenset(out)
+
+
+def _quote(s: str) -> str:
+    """One field as pandas' csv writer writes it: as is when it is ASCII of characters the
+    writer never quotes (checked against the writer once per process), else the writer's text."""
+    global _PLAIN
+    if _PLAIN is None:
+        _PLAIN = _plain_chars()
+    if s and s.isascii() and _PLAIN.issuperset(s):
+        return s
+    return _writer_quote(s)
 
 
 def _object_texts(values: List[Any]) -> Optional[List[str]]:
@@ -80,6 +102,8 @@ def column_texts(col) -> Optional[List[str]]:
             txt[np.isnan(vals)] = ""
             return txt.tolist()
         if kind == "O":
+            if col.isna().all():                          # None/NaN everywhere: empty fields
+                return [""] * len(col)
             return _object_texts(col.tolist())
         return None
     if name in ("Int64", "str"):                      # NA empty; an int's str, a string quoted

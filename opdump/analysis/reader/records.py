@@ -85,6 +85,7 @@ def build_records(ranks):
     """The records DataFrame of ``ranks`` ({rank id: Rank}); see :meth:`.dump.Dump.records`.
     A statistics-only dump read as columns is built without a dict per row
     (:mod:`.records_columns`, the same table)."""
+    import numpy as np
     import pandas as pd
     df = frame_of_columns(ranks, _STAT_SKIP, execution_positions)    # statistics-only dumps
     if df is None:
@@ -103,7 +104,8 @@ def build_records(ranks):
     df["_it"] = df["iteration"].fillna(1 << 62).astype("int64")
     df["_ts_op"] = df["timestamp"].where(df["kind"] == "op").astype("float64")
     df["_gstart"] = df.groupby(["rank", "_it", "graph"])["_ts_op"].transform("min").fillna(float("inf"))
-    df["_kind"] = df["kind"].map({"op": 0, "parameter": 1, "constant": 2}).fillna(3)
+    kinds = df["kind"].to_numpy(dtype=object)          # op, parameter, constant, other: the sort's order
+    df["_kind"] = np.select([kinds == "op", kinds == "parameter", kinds == "constant"], [0, 1, 2], 3)
     df["_io"] = (df["io"] != "input").astype(int)
     df = df.sort_values(["rank", "_it", "_kind", "_gstart", "graph", "exec_index", "call", "_io", "slot", "op"],
                         kind="mergesort")

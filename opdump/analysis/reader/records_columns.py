@@ -25,7 +25,7 @@ from ...format.names import op_type_of
 from .names_cache import sanitize
 from .stat_table import StatRows
 
-__all__ = ["frame_of_columns", "exec_index_columns"]
+__all__ = ["frame_of_columns", "exec_index_columns", "typed_array"]
 
 _NAN = float("nan")
 
@@ -35,6 +35,7 @@ def frame_of_columns(ranks, skip, positions):
     ``skip``: the statistic keys the records do not copy; ``positions(it, g)``: the
     execution positions of an iteration (:func:`.records.execution_positions`)."""
     parts: List[Tuple[int, Dict[str, List[Any]]]] = []
+    memo = _Memo(positions)
     for rid in sorted(ranks):
         rank = ranks[rid]
         for it in rank.iterations:
@@ -44,7 +45,7 @@ def frame_of_columns(ranks, skip, positions):
                 continue
             if not isinstance(it.stats, StatRows) or it.stats.table.extras:
                 return None
-            part = _iteration_columns(rid, it, rank.graphs.get(it.graph), skip, positions)
+            part = _iteration_columns(rid, it, rank.graphs.get(it.graph), skip, memo)
             if part is None:
                 return None
             parts.append(part)
@@ -53,12 +54,31 @@ def frame_of_columns(ranks, skip, positions):
     return _frame(parts)
 
 
-def _iteration_columns(rid, it, g, skip, positions) -> Optional[Tuple[int, Dict[str, List[Any]]]]:
-    """The columns of one folder's rows, in the per-row build's key order."""
-    t = it.stats.table
-    n = t.n
-    fns = t.get("op", "")
-    ios, slots, calls = t.get("io", ""), t.get("slot", 0), t.get("call", 0)
+class _Memo:
+    """Answers shared by the folders of one build: the iterations of a dump mostly repeat
+    the same rows (names, types, io, slot, call) and the same execution order, so what is
+    derived from those alone is derived once (every answer is a pure function of its key)."""
+
+    def __init__(self, positions):
+        self.positions = positions
+        self.names: Dict[tuple, tuple] = {}           # row columns -> derived columns
+        self.orders: Dict[tuple, Dict[str, List[int]]] = {}
+        self.exec: Dict[tuple, List[float]] = {}
+
+    def positions_of(self, it, g) -> Tuple[Any, Dict[str, List[int]]]:
+        """(key, :func:`.records.execution_positions`) of an iteration: its own order, else
+        its graph's."""
+        key = ("it", tuple(it.execution_order)) if it.execution_order else ("g", id(g))
+        pos = self.orders.get(key)
+        if pos is None:
+            pos = self.orders[key] = self.positions(it, g)
+        return key, pos
+
+
+def _derived(fns, types_in, ios, slots, calls, in_constants):
+    """(operator file names, types, kinds, full names) of a folder's rows, or None when
+    (file name, io, slot, call) repeats."""
+    n = len(fns)
     names: Dict[str, str] = {}
     ofs = []
     for fn in fns:
@@ -70,8 +90,7 @@ def _iteration_columns(rid, it, g, skip, positions) -> Optional[Tuple[int, Dict[
         return None                               # repeated keys: the per-row build merges them
     cache: Dict[Tuple[Any, str], Tuple[str, str, str]] = {}
     types, kinds, ops = [], [], []
-    in_constants = it.iteration is None
-    for fn, of, ty in zip(fns, ofs, t.get("op_type", "")):
+    for fn, of, ty in zip(fns, ofs, types_in):
         r = cache.get((ty, fn))
         if r is None:
             ptype = ty or op_type_of(fn)
@@ -82,9 +101,35 @@ def _iteration_columns(rid, it, g, skip, positions) -> Optional[Tuple[int, Dict[
         types.append(r[0])
         kinds.append(r[1])
         ops.append(r[2])
+    return ofs, types, kinds, ops
+
+
+def _iteration_columns(rid, it, g, skip, memo: _Memo) -> Optional[Tuple[int, Dict[str, List[Any]]]]:
+    """The columns of one folder's rows, in the per-row build's key order."""
+    t = it.stats.table
+    n = t.n
+    fns = t.get("op", "")
+    ios, slots, calls = t.get("io", ""), t.get("slot", 0), t.get("call", 0)
+    types_in = t.get("op_type", "")
+    in_constants = it.iteration is None
+    try:
+        key = (tuple(fns), tuple(types_in), tuple(ios), tuple(slots), tuple(calls), in_constants)
+        hash(key)
+    except TypeError:                             # an unhashable cell: derived here only
+        key = None
+    entry = memo.names.get(key) if key is not None else None
+    if entry is None:
+        got = _derived(fns, types_in, ios, slots, calls, in_constants)
+        entry = (got,)
+        if key is not None:
+            memo.names[key] = entry
+    got = entry[0]
+    if got is None:
+        return None
+    ofs, types, kinds, ops = got
     cols: Dict[str, List[Any]] = {
         "rank": [rid] * n, "net": [it.net] * n, "graph": [it.graph] * n, "iteration": [it.iteration] * n,
-        "op": ops, "op_file": ofs, "op_type": types, "kind": kinds,
+        "op": list(ops), "op_file": list(ofs), "op_type": list(types), "kind": list(kinds),
         "io": ios, "slot": slots, "call": calls, "dtype": t.get("dtype"),
         "format": t.get("format", "DefaultFormat"), "timestamp": t.get("timestamp", 0),
         "task_id": t.get("task_id", 0), "stream_id": t.get("stream_id", 0), "path": [None] * n,
@@ -93,13 +138,21 @@ def _iteration_columns(rid, it, g, skip, positions) -> Optional[Tuple[int, Dict[
     for k in t.keys:
         if k not in skip:
             cols[k] = t.cols[k]
-    cols["exec_index"] = exec_index_columns(kinds, ofs, calls, cols["timestamp"], positions(it, g))
+    pkey, pos = memo.positions_of(it, g)
+    ekey = (id(entry), pkey) if key is not None else None
+    exec_index = memo.exec.get(ekey) if ekey is not None else None
+    if exec_index is None:
+        exec_index, timed = exec_index_columns(kinds, ofs, calls, cols["timestamp"], pos, report=True)
+        if ekey is not None and not timed:
+            memo.exec[ekey] = exec_index          # no operator placed by its timestamp: the same every time
+    cols["exec_index"] = list(exec_index)
     return n, cols
 
 
 def exec_index_columns(kinds: List[str], op_files: List[str], calls: List[int], timestamps: List[Any],
-                       exec_pos: Dict[str, List[int]]) -> List[float]:
-    """:func:`.records.assign_exec_index` over columns: the same value per row."""
+                       exec_pos: Dict[str, List[int]], report: bool = False):
+    """:func:`.records.assign_exec_index` over columns: the same value per row.  With
+    ``report``: (values, whether a row was placed by its timestamp)."""
     out: List[float] = [_NAN] * len(kinds)
     known: List[Tuple[Any, float]] = []
     unknown: List[int] = []
@@ -113,7 +166,7 @@ def exec_index_columns(kinds: List[str], op_files: List[str], calls: List[int], 
         else:
             unknown.append(i)
     if not unknown:
-        return out
+        return (out, False) if report else out
     first: Dict[Tuple[str, int], Any] = {}
     for i in unknown:
         k = (op_files[i], calls[i])
@@ -138,13 +191,37 @@ def exec_index_columns(kinds: List[str], op_files: List[str], calls: List[int], 
                 index[k] = before + m / (len(group) + 1)
     for i in unknown:
         out[i] = index[(op_files[i], calls[i])]
-    return out
+    return (out, True) if report else out
+
+
+_TYPED = {int: "int64", float: "float64", bool: "bool"}
+
+
+def typed_array(cells: List[Any]):
+    """``cells`` as pandas' ``convert_object_array`` converts them when they are all of one
+    type among int (int64 when every one fits), float and bool -- the same array built
+    directly; None for any other column (converted by pandas)."""
+    import numpy as np
+    if not cells:
+        return None
+    first = type(cells[0])
+    dt = _TYPED.get(first)
+    if dt is None:
+        return None                        # a column of text (or mixed): pandas decides
+    types = set(map(type, cells))
+    if len(types) != 1:
+        return None
+    try:
+        return np.fromiter(cells, dtype=dt, count=len(cells))
+    except OverflowError:                  # an int beyond int64: pandas decides (uint64, object)
+        return None
 
 
 def _frame(parts: List[Tuple[int, Dict[str, List[Any]]]]):
     """One DataFrame of the folders' columns, converted as ``pandas.DataFrame(list of dicts)``
     converts: columns in first-seen order, a key a folder lacks NaN there, each column's
-    objects through pandas' ``convert_object_array``."""
+    objects through pandas' ``convert_object_array`` (one type of int/float/bool: the same
+    array built directly, :func:`typed_array`)."""
     import numpy as np
     import pandas as pd
     from pandas.core.internals.construction import convert_object_array
@@ -152,18 +229,25 @@ def _frame(parts: List[Tuple[int, Dict[str, List[Any]]]]):
     for _, cols in parts:
         for k in cols:
             order.setdefault(k, None)
-    total = sum(n for n, _ in parts)
+    out: Dict[str, Any] = {}
+    generic: List[str] = []
     arrays = []
     for k in order:
-        arr = np.empty(total, dtype=object)
-        at = 0
+        cells: List[Any] = []
         for n, cols in parts:
             c = cols.get(k)
             if c is None:
-                arr[at:at + n] = _NAN
+                cells.extend([_NAN] * n)
             else:
-                arr[at:at + n] = c
-            at += n
-        arrays.append(arr)
-    converted = convert_object_array(arrays, dtype=None)
-    return pd.DataFrame(dict(zip(order, converted)), copy=False)
+                cells.extend(c)
+        arr = typed_array(cells)
+        if arr is not None:
+            out[k] = arr
+            continue
+        obj = np.empty(len(cells), dtype=object)
+        obj[:] = cells
+        generic.append(k)
+        arrays.append(obj)
+    if arrays:
+        out.update(zip(generic, convert_object_array(arrays, dtype=None)))
+    return pd.DataFrame({k: out[k] for k in order}, copy=False)

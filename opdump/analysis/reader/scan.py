@@ -70,6 +70,7 @@ def scan_rank(rid: int, rp: Path, loose: bool = False) -> Rank:
     _scan_execution_orders(rank, rp / fl.EXECUTION_ORDER_DIR)
     for g in rank.graphs.values():
         load_graph_ops(g)
+    memo: Dict[tuple, Any] = {}
     for net_e in _by_name(os.scandir(rp)):
         if not net_e.is_dir() or net_e.name in fl.SPECIAL_DIRS or net_e.name.startswith("."):
             continue
@@ -83,7 +84,7 @@ def scan_rank(rid: int, rp: Path, loose: bool = False) -> Rank:
                 if not i_e.is_dir() or itn is False:
                     continue
                 it = Iteration(rid, net_e.name, gid, itn, Path(i_e.path))
-                scan_iteration(it)
+                scan_iteration(it, memo)
                 rank.iterations.append(it)
     finish_rank(rank)
     return rank
@@ -185,9 +186,11 @@ def _bare_op(g: Graph, fn: str) -> OpInfo:
 
 
 # ------------------------------------------------------------------ an iteration folder
-def scan_iteration(it: Iteration) -> None:
+def scan_iteration(it: Iteration, memo: Optional[Dict[tuple, Any]] = None) -> None:
     """Fill ``it`` from its folder: tensor files (through ``mapping.csv``), statistic rows,
-    kernel arguments, unconverted protobuf files and the iteration's own execution order."""
+    kernel arguments, unconverted protobuf files and the iteration's own execution order.
+    ``memo``: what earlier folders' statistic rows gave (converted columns, call numbers:
+    :func:`.statistics.read_statistic_columns`, :meth:`.stat_table.StatColumns.number_calls`)."""
     mapping: Dict[str, str] = {}
     mp = it.path / ff.MAPPING_FILE
     if mp.is_file():
@@ -198,7 +201,7 @@ def scan_iteration(it: Iteration) -> None:
         name = e.name
         if name == ff.STATISTIC_FILE:
             if columns_enabled():                    # columns, the rows a view (stat_table)
-                it.stats = StatRows(StatColumns(*read_statistic_columns(Path(e.path)), it.net))
+                it.stats = StatRows(StatColumns(*read_statistic_columns(Path(e.path), memo), it.net))
                 continue
             for row in read_statistic_csv(Path(e.path)):
                 row["_net"] = it.net
@@ -244,7 +247,7 @@ def scan_iteration(it: Iteration) -> None:
     # statistics: calls in timestamp order
     if isinstance(it.stats, StatRows):
         it.stats.table.sort_by_timestamp()
-        it.stats.table.number_calls()
+        it.stats.table.number_calls(memo)
         return
     it.stats.sort(key=lambda r: (r.get("timestamp", 0)))
     sc: Dict[Tuple[str, str, int], int] = {}
@@ -304,10 +307,11 @@ def resolve_names(rank: Rank) -> None:
         if v is not None:
             global_map.setdefault(k, v)
     rank.name_map = global_map
+    memo: Dict[tuple, List[Any]] = {}
     for it in rank.iterations:
         m = per_graph.get(it.graph, {})
         if isinstance(it.stats, StatRows):
-            _resolve_column(it.stats.table, m, global_map)
+            _resolve_column(it.stats.table, m, global_map, memo)
         for r in ([] if isinstance(it.stats, StatRows) else it.stats):
             fn = r.get("op", "")
             if fn and "/" not in fn and r.get("op_type") != ff.PARAMETER_TYPE:
@@ -320,12 +324,24 @@ def resolve_names(rank: Rank) -> None:
                 t.op = f"{prefix}{ff.PARAMETER_TYPE}.{t.op_file}"
 
 
-def _resolve_column(table: StatColumns, m: Dict[str, str], global_map: Dict[str, str]) -> None:
-    """:func:`resolve_names`' rule for statistic rows, once per distinct (name, type)."""
+def _resolve_column(table: StatColumns, m: Dict[str, str], global_map: Dict[str, str],
+                    memo: Optional[Dict[tuple, List[Any]]] = None) -> None:
+    """:func:`resolve_names`' rule for statistic rows, once per distinct (name, type);
+    ``memo``: the names of earlier tables of the same graph map with the same columns."""
     ops = table.cols.get("op")
     if ops is None:
         return
     types = table.get("op_type")
+    key = None
+    if memo is not None:
+        try:
+            key = (id(m), tuple(ops), tuple(types))
+            hit = memo.get(key)
+        except TypeError:
+            key = hit = None
+        if hit is not None:
+            ops[:] = hit
+            return
     done: Dict[Tuple[str, Any], str] = {}
     for i, (fn, ty) in enumerate(zip(ops, types)):
         k = (fn, ty)
@@ -337,3 +353,5 @@ def _resolve_column(table: StatColumns, m: Dict[str, str], global_map: Dict[str,
             done[k] = v
         if v is not fn:
             ops[i] = v
+    if key is not None:
+        memo[key] = list(ops)

@@ -70,7 +70,7 @@ class StatColumns:
         if ts is None or self.n < 2:
             return
         order = sorted(range(self.n), key=ts.__getitem__)
-        if all(i == j for i, j in enumerate(order)):
+        if order == list(range(self.n)):
             return
         for k, c in self.cols.items():
             self.cols[k] = [c[i] for i in order]
@@ -78,9 +78,21 @@ class StatColumns:
             where = {old: new for new, old in enumerate(order)}
             self.extras = {where[i]: e for i, e in self.extras.items()}
 
-    def number_calls(self) -> None:
-        """``calls``: per (sanitised operator name, io, slot), 0, 1, 2… in row order."""
+    def number_calls(self, memo: Optional[Dict[tuple, List[int]]] = None) -> None:
+        """``calls``: per (sanitised operator name, io, slot), 0, 1, 2… in row order.
+        ``memo``: answers for earlier tables by their (names, ios, slots) -- the iterations
+        of one dump mostly repeat the same rows, so most tables are one look-up."""
         ops, ios, slots = self.get("op", ""), self.get("io", ""), self.get("slot", 0)
+        key = None
+        if memo is not None:
+            try:
+                key = ("calls", tuple(ops), tuple(ios), tuple(slots))
+                hit = memo.get(key)
+            except TypeError:                       # an unhashable cell: numbered below
+                key = hit = None
+            if hit is not None:
+                self.calls[:] = hit
+                return
         names: Dict[str, str] = {}
         counters: Dict[tuple, int] = {}
         calls = self.calls
@@ -92,6 +104,8 @@ class StatColumns:
             c = counters.get(k, 0)
             calls[i] = c
             counters[k] = c + 1
+        if key is not None:
+            memo[key] = list(calls)
 
     def row(self, i: int) -> Dict[str, Any]:
         """Row ``i`` as the per-row reader's dict."""

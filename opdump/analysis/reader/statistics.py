@@ -65,7 +65,8 @@ def read_statistic_csv(path: Path) -> List[Dict[str, Any]]:
     return rows
 
 
-def read_statistic_columns(path: Path) -> Tuple[List[str], List[List[Any]], int, Dict[int, Dict[str, str]]]:
+def read_statistic_columns(path: Path, memo: Optional[Dict[tuple, List[Any]]] = None
+                           ) -> Tuple[List[str], List[List[Any]], int, Dict[int, Dict[str, str]]]:
     """One statistic.csv as columns: (keys, columns, number of rows, extras), ``keys[j]`` the
     normalised name of ``columns[j]`` (as read; a key may repeat where two headers map to one
     name: a row dict keeps the first one's place and the last one's value), ``extras`` row
@@ -83,8 +84,12 @@ def read_statistic_columns(path: Path) -> Tuple[List[str], List[List[Any]], int,
     100,000-row compare reads its statistics several times faster than cell by cell.  A
     well-formed file (every row as wide as the header, no blank row, every cell valid) is
     parsed in one call of the CSV reader; any other takes the row-by-row loop below, which
-    alone knows line numbers (:func:`_read_well_formed`)."""
-    fast = _read_well_formed(path)
+    alone knows line numbers (:func:`_read_well_formed`).
+
+    ``memo``: the converted cells of earlier files' columns by (column, cells) -- the files
+    of one dump repeat their names, types, io, slots and shapes iteration after iteration,
+    so those are converted once (a column's conversion depends on its cells alone)."""
+    fast = _read_well_formed(path, memo)
     if fast is not None:
         return fast
     recs: List[List[str]] = []
@@ -161,7 +166,12 @@ class _NoLines:
         raise _NeedLines
 
 
-def _read_well_formed(path: Path) -> Optional[Tuple[List[str], List[List[Any]], int, Dict[int, Dict[str, str]]]]:
+#: columns whose cells change from file to file (not worth remembering)
+_UNREPEATED = frozenset(("timestamp", "max", "min", "avg", "l2norm", "md5", "finite_max", "finite_min"))
+
+
+def _read_well_formed(path: Path, memo: Optional[Dict[tuple, List[Any]]] = None
+                      ) -> Optional[Tuple[List[str], List[List[Any]], int, Dict[int, Dict[str, str]]]]:
     """:func:`read_statistic_columns` of a well-formed file in one pass of the CSV reader,
     or None (a row of another width, a blank row, a refused line, a malformed cell: the
     row-by-row loop decides, with line numbers).  The cells are converted by the same
@@ -177,7 +187,7 @@ def _read_well_formed(path: Path) -> Optional[Tuple[List[str], List[List[Any]], 
     while header and header[-1] == "":
         header.pop()
     width = len(header)
-    if not width or any(len(r) != width for r in recs[1:]):
+    if not width or set(map(len, recs[1:])) != {width}:
         return None
     body = zip(*recs[1:])
     cols = list(body)
@@ -186,7 +196,22 @@ def _read_well_formed(path: Path) -> Optional[Tuple[List[str], List[List[Any]], 
     keys = [_STRUCT_COLUMNS.get(h) or STAT_COLUMNS.get(h) or h for h in header]
     errors: Dict[int, List[str]] = {}
     try:
-        columns = [_convert_column(path, h, k, col, _NoLines(), errors) for h, k, col in zip(header, keys, cols)]
+        if memo is None:
+            columns = [_convert_column(path, h, k, col, _NoLines(), errors) for h, k, col in zip(header, keys, cols)]
+        else:
+            columns = []
+            for h, k, col in zip(header, keys, cols):
+                if k in _UNREPEATED:
+                    columns.append(_convert_column(path, h, k, col, _NoLines(), errors))
+                    continue
+                mk = ("column", h, k, col)
+                got = memo.get(mk)
+                if got is None:
+                    got = _convert_column(path, h, k, col, _NoLines(), errors)
+                    if errors:
+                        return None                      # never reached: a cell error needs lines
+                    memo[mk] = got
+                columns.append(list(got))
     except _NeedLines:
         return None
     return keys, columns, len(recs) - 1, {}

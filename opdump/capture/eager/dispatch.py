@@ -17,6 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ...debug.overflow import needs_prewrite_copy
 from ..naming import backward_scope
 from ..op_info import OpInfo
+from .collectives import collectives_of
 from .schema import facts_of
 from .scopes import _scope_of
 from .sources import walk
@@ -46,8 +47,6 @@ def observation_only(func) -> bool:
     instead).  Only ``detach`` is checked: one identity test per operator.
     """
     return func is _DETACH and not _excluded(_AD_INPLACE_OR_VIEW)
-
-
 
 
 class _DumpMode(TorchDispatchMode):
@@ -200,7 +199,8 @@ class OperatorPath:
         if dump_out or describe:
             outputs = tensors_at(args, kwargs, facts.mutated) if facts.mutated else output_slots(out)
             if dump_out:
-                if outputs:
+                # a collective's outputs: recorded when its work completes (.collectives)
+                if outputs and not (facts.collective and collectives_of(self).defer(state, op, out, args, outputs)):
                     recorder.record_all(state.folder or self._folder(state), op, "output",
                                         self._on_allowed_devices(outputs))
                 if written:
@@ -226,7 +226,7 @@ class OperatorPath:
         if facts.writes:
             written = inputs if facts.writes_list else tensors_at(args, kwargs, facts.written)
             watch.before_write(written)
-            if facts.writes_list or needs_prewrite_copy(op.op_type, op.overload, op.nonfinite_args):
+            if facts.writes_list or needs_prewrite_copy(op.op_type, op.overload, op.nonfinite_args, args):
                 saved, cloned = watch.copy_written(inputs, written)
         out = func(*args, **kwargs)
         if written:      # recorded copies of what it wrote are stale
@@ -234,7 +234,7 @@ class OperatorPath:
             for t in written:
                 forget(t)
         outputs = tensors_at(args, kwargs, facts.mutated) if facts.mutated else output_slots(out)
-        watch.add(op, saved, outputs, op.nonfinite_args, cloned)
+        watch.add(op, saved, outputs, op.nonfinite_args, cloned, args=args)
         if describe:
             self._describe(op, args, kwargs, inputs, outputs)
             self.listing.add(op)

@@ -30,7 +30,10 @@ Decisions (README-ready):
   inside ``optimizer.step()``; ``"all"`` adds everything else the thread runs
   (data generation, loss functions called as plain functions, ``.grad`` zeroing).
   With ``root_modules`` given, only those modules (and what they call) count as
-  the model.
+  the model.  An operator is a call plain eager makes through the dispatcher: the
+  ``detach`` that any dispatch mode is handed when autograd saves or unpacks a tensor
+  (or ``.data`` is read) is the observation's own, and is left out before anything
+  else sees it (:func:`.dispatch.observation_only`; README, Eager mode).
 * **Iterations.** Each top-level call of a root module calls
   ``session.enter_forward`` (keyed per root module, so ``model`` then ``loss_fn``
   modules in one step are one iteration); the optimizer hook of the session does
@@ -136,6 +139,7 @@ class EagerCapture(NativeEager, OperatorPath):
         # outputs of the last in-place operator whose recorded version must catch up with
         # autograd's bump (see Recorder.settle), settled when the next operator arrives
         self._unsettled: List[torch.Tensor] = []
+        self._collectives = None        # torch.distributed collectives, made at the first (.collectives)
         self._selected: Dict[str, bool] = {}
         # op_debug_mode 3: operators go to the overflow watch, recorded only if they overflow
         self._overflow = None
@@ -232,6 +236,8 @@ class EagerCapture(NativeEager, OperatorPath):
         state, self._state = self._state, None
         if state is not None:
             self._finish(state)
+        if self._collectives is not None:           # works completed late; the rest are dropped
+            self._collectives.close()
 
     def __enter__(self) -> "EagerCapture":
         return self.start()
@@ -277,6 +283,8 @@ class EagerCapture(NativeEager, OperatorPath):
         self._unsettled = []
         self._internal += 1
         try:
+            if self._collectives is not None:       # outputs of completed collectives, collectives.json
+                self._collectives.finish(state.number)
             if self._overflow is not None:
                 self._watched = state
                 self._overflow.finish(state.number)

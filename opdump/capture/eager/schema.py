@@ -12,6 +12,7 @@ import torch
 
 from ..aten_ops import NOT_OPERATORS
 from ..naming import op_type_of
+from .collectives import written_by
 
 Positions = Tuple[Tuple[int, str], ...]        # (position, name) of arguments
 
@@ -33,9 +34,11 @@ class OpFacts:
     (not an ``OpOverload``, or a symbolic-size query).  ``writes``: the operator writes to
     an argument (in-place / ``out=``); ``written``: those arguments; ``writes_list``: one
     of them is a tensor list (``_foreach_*_``); ``mutated``: the written arguments when
-    the operator returns nothing (they are dumped as its outputs)."""
+    the operator returns nothing (they are dumped as its outputs); ``collective``: a
+    ``c10d`` collective, whose outputs (``mutated``: the argument it writes) are recorded
+    when its work completes (:mod:`.collectives`)."""
 
-    __slots__ = ("types", "writes", "written", "writes_list", "mutated")
+    __slots__ = ("types", "writes", "written", "writes_list", "mutated", "collective")
 
     def __init__(self, func):
         types: Optional[Tuple[str, str]] = None
@@ -54,6 +57,10 @@ class OpFacts:
             self.writes, self.written = True, self.written + undeclared
         self.writes_list = any(isinstance(a.type, torch.ListType) for _, a in written_args)
         self.mutated: Positions = self.written if schema is not None and not schema.returns else ()
+        collective = written_by(func)
+        self.collective = collective is not None
+        if collective is not None:     # writes its schema does not mark; returns a Work handle
+            self.mutated = collective
 
 
 _FACTS: Dict[int, OpFacts] = {}

@@ -1,0 +1,143 @@
+"""The overflow watch's path for operators whose tensors are all on the CPU
+(``op_debug_mode`` 3; README "Debug dumps"); split from :mod:`.overflow`, whose
+:class:`~.overflow.OverflowWatch` it is a part of.
+
+Why: a CPU reduction has run when it returns -- there is no device queue to keep
+asynchronous -- so a CPU operator's outputs are read at once
+(:func:`.overflow_values.value_now`) and the operator is judged at once.  That removes
+what the batched (device) path needs: no references held (an operator with finite
+outputs is forgotten as it returns), no flag tensors, no batch closed before an in-place
+write, no input read unless a verdict needs it (:func:`.origin.judge` gives one that
+matters only when an output is non-finite).
+
+Guarantees (the batched path's): the same verdicts, in execution order (held device
+operators are judged before a CPU operator's verdict); a written input is judged by its
+value before the write (its pre-write copy, or the value known before the write); each
+value is read once per iteration (same tensor, same version, not written since: a
+reading stays valid across the one version bump autograd makes once an in-place
+operator has returned under the eager capture's dispatch mode).
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Optional
+
+import torch
+
+from .overflow_rules import ALWAYS_FINITE, FINITE_PRESERVING, UNINITIALIZED, scales_down
+from .overflow_values import value_now
+
+_FLOATS = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
+_NONE: frozenset = frozenset()
+_UNINIT = -1.0       # _value_of: a floating tensor holding uninitialized memory (never judged)
+_UNKNOWN = -2.0      # _value_of(read=False): a floating tensor not read this iteration
+
+
+class CpuPath:
+    """The CPU operators' methods of :class:`~.overflow.OverflowWatch` (which sets the
+    attributes they use: ``_known``, ``_prewrite``, ``_calls``, ``_copies``, ``_unjudged``,
+    ``_judge_held``, ``_judge`` and ``_call``, its operator record type)."""
+
+    def _add_now(self, op, inputs, outputs, flagged: bool, cloned, where, writing, args) -> None:
+        """An operator whose tensors are all on the CPU: its outputs are read now
+        (:func:`.overflow_values.value_now`: a CPU reduction has run when it returns, so no
+        sync is added).  Finite outputs: nothing is held, no input is read (a verdict needs
+        a non-finite output; :func:`.origin.judge` gives none that matters otherwise).  A
+        non-finite output: the held operators are judged first (execution order), then its
+        inputs are read (intact: a written one is its pre-write copy) and it is judged."""
+        kind = op.op_type
+        if kind in UNINITIALIZED:
+            for t in outputs:
+                self._unjudged(t)
+            return
+        # eager: autograd bumps a written tensor's version once the mode returns (graph: already)
+        bump = 1 if where is None and writing else 0
+        in_vals = None
+        if kind in ALWAYS_FINITE and not flagged:
+            for t in outputs:
+                if isinstance(t, torch.Tensor) and t.dtype in _FLOATS:
+                    self._remember(t, 0.0, bump if id(t) in writing else 0)
+            self._recycle(cloned)
+            return
+        if not flagged and (kind in FINITE_PRESERVING and op.overload != "dtype"
+                            or scales_down(kind, op.overload, args)):
+            in_vals = ([self._value_of(t, False) for t in inputs] if not writing
+                       else self._values_before(inputs, writing))
+            judged = [v for v in in_vals if v is not None]
+            if _UNINIT in judged:       # an input nobody wrote yet: nor are the outputs judged
+                for t in outputs:
+                    self._unjudged(t)
+                return
+            if judged and not any(v and v != _UNKNOWN for v in judged):
+                if _UNKNOWN not in judged:      # finite inputs: finite outputs, no reduction
+                    for t in outputs:
+                        if isinstance(t, torch.Tensor) and t.dtype in _FLOATS:
+                            self._remember(t, 0.0, bump if id(t) in writing else 0)
+                # else an input not read yet: nor are the outputs (read if a verdict needs them;
+                # the input was never judged, so it is no on-purpose Inf the outputs could carry)
+                self._recycle(cloned)
+                return
+        out_vals = [self._value_new(t, bump if id(t) in writing else 0) for t in outputs]
+        if not any(out_vals):                   # None/0.0: nothing non-finite, no verdict
+            self._recycle(cloned)
+            return
+        copies = self._copies.batch()           # the held operators' copies and this one's
+        kept = self._judge_held()
+        if kept is None:
+            return
+        if in_vals is None:
+            in_vals = [self._value_of(t) for t in inputs]
+        elif _UNKNOWN in in_vals:
+            in_vals = [self._value_of(t) if v == _UNKNOWN else v for t, v in zip(inputs, in_vals)]
+        call = self._call(op, inputs, outputs, None, None, flagged, frozenset(map(id, cloned)) if cloned else _NONE,
+                     where)
+        self._judge(call, [(t, v) for t, v in zip(inputs, in_vals) if v and v != _UNINIT],
+                    [(s, t, v) for s, (t, v) in enumerate(zip(outputs, out_vals)) if v], kept)
+        self._copies.recycle(copies, kept)
+
+    def _values_before(self, inputs, writing) -> list:
+        """Input values of an in-place operator run without a pre-write copy: a written
+        input's value before the write when it was known (its output is bounded by it)."""
+        prewrite, self._prewrite = self._prewrite, {}
+        vals = []
+        for t in inputs:
+            if id(t) in writing and id(t) in prewrite:
+                v = prewrite[id(t)]
+                vals.append(_UNINIT if v is None else v)
+            else:
+                vals.append(self._value_of(t, False))
+        return vals
+
+    def _recycle(self, cloned) -> None:
+        """This operator's copies are free again, unless held operators' copies are pooled too."""
+        if cloned and not self._calls:
+            self._copies.recycle(self._copies.batch(), _NONE)
+
+    def _remember(self, t: torch.Tensor, value: Optional[float], bumps: int) -> None:
+        try:
+            self._known[id(t)] = (weakref.ref(t), t._version, value, bumps)
+        except TypeError:       # no weak reference to this tensor type: read again when needed
+            pass
+
+    def _value_new(self, t, bumps: int) -> Optional[float]:
+        """An output's value, read now (None: not a floating tensor with elements)."""
+        if not isinstance(t, torch.Tensor) or t.dtype not in _FLOATS or not t.numel():
+            return None
+        value = value_now(t)
+        self._remember(t, value, bumps)
+        return value
+
+    def _value_of(self, t, read: bool = True) -> Optional[float]:
+        """An input's value: the one known this iteration (same tensor, same version, not
+        written since), else read now (``read`` False: :data:`_UNKNOWN`); :data:`_UNINIT`
+        for uninitialized memory."""
+        if not isinstance(t, torch.Tensor) or t.dtype not in _FLOATS or not t.numel():
+            return None
+        entry = self._known.get(id(t))
+        if entry is not None and entry[0]() is t and 0 <= t._version - entry[1] <= entry[3]:
+            return _UNINIT if entry[2] is None else entry[2]
+        if not read:
+            return _UNKNOWN
+        value = value_now(t)
+        self._remember(t, value, 0)
+        return value
