@@ -9,6 +9,8 @@ timestamps, same rows in the same order; tests/test_native_eager*.py):
   ``"device"`` or ``"host"``, no ``md5``, precision ``"high"``), no tensor files, no online
   compare, ``file_format`` npy, no ACL folder filter;
 * ``dump_mode`` 0 (every operator), ``op_debug_mode`` 0, no watcher, no ``save_kernel_args``;
+* ``torch.distributed`` not initialised (the Python capture records a collective's outputs
+  when its work completes);
 * not the first dumped iteration (that one writes the listing with the Python capture);
 * the probe passed (below);
 * nothing compiled in the process (``torch._dynamo`` has analysed no frame), no other
@@ -128,6 +130,9 @@ class NativeEager(NativeCallbacks):
         if (cfg.op_debug_mode != 0 or cfg.save_kernel_args or session.selector.mode != 0
                 or self._overflow is not None or self._watcher is not None or self._exception is not None):
             return False
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            return False        # collectives' outputs are recorded when their work completes (.collectives)
         sink = recorder._native_sink()
         batch = getattr(sink, "_batch", None)
         return batch is not None and getattr(batch, "_memo", None) is not None
