@@ -110,15 +110,17 @@ def _stable(rows, reference):
 
 
 def files_of(root):
-    """Every file of the dump (relative path -> bytes), statistic.csv files left out (compared
-    row by row, without timestamps) and the run's own metadata files (dates, durations)."""
+    """Every file of the dump (relative path -> bytes: orders, listing…), statistic.csv files
+    left out (compared row by row, without timestamps) and the run's own metadata
+    (``.dump_metadata``: the dump's path, byte counts that include the text of uninitialised
+    memory's statistics)."""
     out = {}
     base = rank_dir(root)
     for folder, _, names in os.walk(base):
         for name in names:
             path = os.path.join(folder, name)
             rel = os.path.relpath(path, base)
-            if name == "statistic.csv" or not rel.startswith("Net" + os.sep):
+            if name == "statistic.csv" or rel.startswith(".dump_metadata" + os.sep):
                 out[rel] = None
                 continue
             with open(path, "rb") as f:
@@ -235,12 +237,19 @@ def _plain_losses(from_step, steps=4):
     return plain
 
 
+def _both_twice(tmp_path, monkeypatch, from_step):
+    """The Python and the native run, made from one line (the listing's source stacks hold
+    this test file's lines too)."""
+    losses = {"python": [], "native": []}
+    runs = [run(tmp_path / kind, _twice_training(losses[kind], from_step), kind == "native", monkeypatch, steps=4)
+            for kind in ("python", "native")]
+    return runs[0], runs[1], losses["python"], losses["native"]
+
+
 def test_pattern_met_in_the_probe_keeps_the_python_capture(tmp_path, monkeypatch):
     """``twice`` from step 0: the probe meets it beside the Python capture; the observer never
     serves, one warning, the dump is the Python capture's in every iteration."""
-    py_losses, nat_losses = [], []
-    py_root, _, _ = run(tmp_path / "python", _twice_training(py_losses, 0), False, monkeypatch, steps=4)
-    nat_root, live, warned = run(tmp_path / "native", _twice_training(nat_losses, 0), True, monkeypatch, steps=4)
+    (py_root, _, _), (nat_root, live, warned), py_losses, nat_losses = _both_twice(tmp_path, monkeypatch, 0)
     assert len(warned) == 1 and "above autograd" in str(warned[0].message)
     assert live == [False, False, False, False]
     assert nat_losses == py_losses == _plain_losses(0)
@@ -251,9 +260,7 @@ def test_failure_in_a_served_iteration_drops_it_and_training_goes_on(tmp_path, m
     """``twice`` from step 2: the observer serves iteration 1, meets ``twice`` in iteration 2:
     nothing of iteration 2 is written (never rows of both paths, never rows the Python capture
     would not write), one warning, the Python capture serves iteration 3, losses unchanged."""
-    py_losses, nat_losses = [], []
-    py_root, _, _ = run(tmp_path / "python", _twice_training(py_losses, 2), False, monkeypatch, steps=4)
-    nat_root, live, warned = run(tmp_path / "native", _twice_training(nat_losses, 2), True, monkeypatch, steps=4)
+    (py_root, _, _), (nat_root, live, warned), py_losses, nat_losses = _both_twice(tmp_path, monkeypatch, 2)
     assert len(warned) == 1, [str(w.message) for w in warned]
     assert "above autograd" in str(warned[0].message) and "iteration 2 is not dumped" in str(warned[0].message)
     assert live == [True, True, False, False]
