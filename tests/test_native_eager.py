@@ -170,6 +170,16 @@ def test_native_dump_is_the_python_capture_dump(runs, name):
     assert_same_dump(py_root, nat_root, (0, 1, 2))
 
 
+@pytest.mark.parametrize("name", ["alexnet", "decoder"])
+def test_native_dump_is_the_python_capture_dump_with_host_statistics(tmp_path, monkeypatch, name):
+    """``stat_calc_mode: "host"`` (the default): the same rows, from the same native memo."""
+    (py_root, _, _), (nat_root, nat_live, warned) = [
+        run(tmp_path / kind, WORKLOADS[name], kind == "native", monkeypatch, stat_calc_mode="host")
+        for kind in ("python", "native")]
+    assert nat_live == [True, True, False] and not warned
+    assert_same_dump(py_root, nat_root, (0, 1, 2))
+
+
 # ---------------------------------------------------------------------- where it is not used
 @pytest.mark.parametrize("settings", [
     {"saved_data": "full"},                                   # tensor files

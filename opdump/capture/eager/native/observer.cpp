@@ -638,6 +638,7 @@ void configure(py::object info_cb, py::object bind_cb, py::object owner_cb, py::
   g->rows = py::none();
   g->failed = false;
   g->error.clear();
+  g->listed.clear();          // this capture's listing (path.py pushes it whole at install)
   g->gradients = intern("Gradients/Default");
 }
 

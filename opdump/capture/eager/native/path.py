@@ -199,7 +199,7 @@ class NativeEager(NativeCallbacks):
                       self._native_describe_start, self._native_describe_end, self._dump_in, self._dump_out,
                       self.capture_all)
         names = list(self.listing.ops)
-        obs.add_listed(names[self._native_pushed:])
+        obs.add_listed(names)       # configure() forgot any earlier capture's (another session's) names
         self._native_pushed = len(names)
         obs.new_iteration()
         self._native_state = None
