@@ -4,9 +4,12 @@ per operator (README, "Eager mode", native statistics path).
 ``observer.cpp`` (built into opdump's native module, :mod:`opdump.stats.native`) observes
 operators through ``RecordFunction`` callbacks; :mod:`.path` decides which iterations it
 serves and gives it what only Python knows (module scopes, the listing, the recorder's
-rows).  It is opt-in (``OPDUMP_NATIVE_EAGER=1``): see :mod:`.path` for what still differs.  The Python capture (:mod:`opdump.capture.eager.dispatch`) stays the reference: it
-serves the first dumped iteration (which writes the listing) and every case the native
-path is not proven equal on.
+rows); :mod:`.inert` is the dispatch mode a served iteration runs under, :mod:`.callbacks`
+what the observer calls Python for.  It is opt-in (``OPDUMP_NATIVE_EAGER=1``).  The Python
+capture (:mod:`opdump.capture.eager.dispatch`) stays the reference: it serves the first
+dumped iteration (which writes the listing, with the observer probing beside it) and every
+case the native path is not proven equal on; tests/test_native_eager.py compares the two
+paths' dumps.
 """
 from .path import ENV_SWITCH, NativeEager, native_enabled
 
