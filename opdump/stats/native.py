@@ -59,7 +59,9 @@ from . import contract
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = tuple(os.path.join(_HERE, n) for n in
-                ("native_module.cpp", "cpu_kernel.cpp", "cell_text.cpp", "stats_memo.cpp", "row_sink.cpp"))
+                ("native_module.cpp", "cpu_kernel.cpp", "cell_text.cpp", "stats_memo.cpp", "row_sink.cpp")) + (
+    # the native eager capture's observer (opdump/capture/eager/native), exported as `eager_observer`
+    os.path.join(os.path.dirname(_HERE), "capture", "eager", "native", "observer.cpp"),)
 HEADERS = tuple(os.path.join(_HERE, n) for n in ("contract.h", "stats_memo.h"))
 # -ffp-contract=off: no fused multiply-add, so host_stats' sums are numpy's bit for bit
 _CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"]

@@ -17,6 +17,7 @@ std::vector<std::string> format_cells(const pybind11::list& entries, const std::
                                       const std::vector<int>& kinds, const std::vector<int>& fused);
 void register_stats_memo(pybind11::module& m);
 void register_row_sink(pybind11::module& m);
+void register_eager_observer(pybind11::module& m);   // opdump/capture/eager/native/observer.cpp
 
 namespace {
 
@@ -46,4 +47,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("format_cells", &format_cells, "statistic.csv cells of each entry, joined by ','");
   register_stats_memo(m);
   register_row_sink(m);
+  register_eager_observer(m);
 }

@@ -88,6 +88,7 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .dispatch import OperatorPath, _DumpMode
+from .native import NativeEager
 from .parameters import index_parameters, parameters_to_dump
 from .scopes import ScopeTracker, display_class, is_compiled_wrapper
 from .state import IterationState, Listing
@@ -96,7 +97,7 @@ _is_compiling = torch.compiler.is_compiling
 _GLOBAL_HOOK_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"
 
 
-class EagerCapture(OperatorPath):
+class EagerCapture(NativeEager, OperatorPath):
     """Dump eager operators of ``session`` (default: the current session)."""
 
     def __init__(self, session=None, root_modules: Optional[Iterable[torch.nn.Module]] = None):
@@ -195,6 +196,7 @@ class EagerCapture(OperatorPath):
         mode's own dispatch.  If another mode was entered after ours it cannot be popped:
         ours stays, and its fast path returns at once.
         """
+        want = self._native_take(want)      # False: the native observer serves the iteration
         mode = self._mode
         if mode is None:
             return
@@ -204,6 +206,7 @@ class EagerCapture(OperatorPath):
         elif not want and self._pushed and _get_current_dispatch_mode() is mode:
             mode.__exit__(None, None, None)
             self._pushed = False
+        self._native_settle()               # the observer's inert mode, once ours is off the stack
 
     def stop(self) -> None:
         """Uninstall everything and write the files of the iteration in progress."""
@@ -211,6 +214,7 @@ class EagerCapture(OperatorPath):
             return
         self._active = False
         self._dumping = False
+        self._native_take(False)
         mode, self._mode = self._mode, None
         if mode is not None and self._pushed:
             self._pushed = False
@@ -412,7 +416,9 @@ class EagerCapture(OperatorPath):
     def _optimizer_pre(self, optimizer, args, kwargs) -> None:
         if not _is_compiling():
             self._optimizers.append(display_class(optimizer))
+            self._native_optimizer()
 
     def _optimizer_post(self, optimizer, args, kwargs) -> None:
         if not _is_compiling() and self._optimizers:
             self._optimizers.pop()
+            self._native_optimizer()

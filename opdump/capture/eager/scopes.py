@@ -81,6 +81,9 @@ def _scope_of(pairs, root: str) -> str:
 class ScopeTracker:
     """The stack of running module calls and the per-iteration call counts."""
 
+    #: called after every push and pop (the native eager capture's scope, see .native.path)
+    on_change = None
+
     def __init__(self):
         self.stack: List[Frame] = []
         self._calls: Dict[Tuple[str, int], int] = {}
@@ -121,6 +124,8 @@ class ScopeTracker:
         root = display_class(module) + (f"@{k}" if k else "")
         frame = Frame(module, "", (), (str(id(module)),), root, False)
         self.stack.append(frame)
+        if self.on_change is not None:
+            self.on_change()
         return frame
 
     def push(self, module) -> Frame:
@@ -140,17 +145,21 @@ class ScopeTracker:
             path = f"{parent.path}.{name}" if parent.path else name
             frame = Frame(module, path, parent.pairs + ((path, display_class(module)),), ids, parent.root, False)
         self.stack.append(frame)
+        if self.on_change is not None:
+            self.on_change()
         return frame
 
     def pop(self, module) -> None:
         stack = self.stack
         if stack and stack[-1].module is module:
             stack.pop()
-            return
-        for i in range(len(stack) - 1, -1, -1):     # an exception skipped some post hooks
-            if stack[i].module is module:
-                del stack[i:]
-                return
+        else:
+            for i in range(len(stack) - 1, -1, -1):     # an exception skipped some post hooks
+                if stack[i].module is module:
+                    del stack[i:]
+                    break
+        if self.on_change is not None:
+            self.on_change()
 
 
 def _resolve(parent, dotted: str):
