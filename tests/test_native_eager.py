@@ -34,18 +34,24 @@ pytestmark = pytest.mark.skipif(not _observer_built, reason="opdump's native mod
 
 
 # ---------------------------------------------------------------------- runs
-def _zoo_gpt2():
-    from zoo.models import _token_batch, gpt2
-    torch.manual_seed(0)
-    model = gpt2()
-    batch = _token_batch(torch.Generator().manual_seed(0))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+def _zoo(name, batch, autocast=False):
+    """A zoo model (tests/zoo/models.py: transformers configs, tiny, random init), AdamW."""
+    def make():
+        from zoo import models as zoo
+        torch.manual_seed(0)
+        model = getattr(zoo, name)()
+        make_batch = zoo._image_batch(8) if batch == "image" else getattr(zoo, batch)
+        inputs = make_batch(torch.Generator().manual_seed(0))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
-    def step():
-        opt.zero_grad(set_to_none=True)
-        model(**batch).loss.backward()
-        opt.step()
-    return step
+        def step():
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                loss = model(**inputs).loss
+            loss.backward()
+            opt.step()
+        return step
+    return make
 
 
 def _bench(name):
@@ -55,7 +61,9 @@ def _bench(name):
 
 
 WORKLOADS = {"alexnet": _bench("alexnet"), "transformer": _bench("transformer"), "decoder": _bench("decoder"),
-             "gpt2": _zoo_gpt2}
+             "gpt2": _zoo("gpt2", "_token_batch"), "llama": _zoo("llama", "_token_batch"),
+             "bert": _zoo("bert", "_class_batch"), "vit": _zoo("vit", "image"),
+             "resnet": _zoo("resnet", "image")}
 
 
 def run(root, make_step, native_on, monkeypatch, steps=3, **settings):
@@ -276,3 +284,18 @@ def test_failure_in_a_served_iteration_drops_it_and_training_goes_on(tmp_path, m
     assert live == [True, True, False, False]
     assert nat_losses == py_losses == _plain_losses(2)
     assert_same_dump(py_root, nat_root, (0, 1, 2, 3), missing=(2,))
+
+
+def test_autocast_keeps_the_python_capture(tmp_path, monkeypatch):
+    """bf16 autocast: the Autocast key sits above autograd and its kernels call the operator
+    again (``cat`` calls ``cat`` after casting its inputs), an order the observer cannot
+    rebuild: the probe meets it in iteration 0, one warning, the Python capture serves every
+    iteration and the dump is its dump."""
+    make = _zoo("llama", "_token_batch", autocast=True)
+    # both runs from one line: the listing's source stacks hold this file's lines too
+    (py_root, py_live, py_warned), (nat_root, live, warned) = [
+        run(tmp_path / kind, make, kind == "native", monkeypatch) for kind in ("python", "native")]
+    assert not any(py_live) and not py_warned
+    assert len(warned) == 1 and "above autograd" in str(warned[0].message), [str(w.message) for w in warned]
+    assert live == [False, False, False]
+    assert_same_dump(py_root, nat_root, (0, 1, 2))
