@@ -218,7 +218,10 @@ class DeviceStatsBatch:
     def _resolve_kernel(self):
         """The CPU kernel if some category comes from it, else None, and the native memo when
         every category does; resolved at the first tensor (building the kernel is not paid by
-        CUDA-only runs)."""
+        CUDA-only runs).  Once: a second call keeps the memo (a row sink already handed out
+        reads and forgets through it)."""
+        if self._kernel is not _UNRESOLVED:
+            return self._kernel
         self._kernel = native.fused_stats() if self._use_kernel else None
         self._memo = native.new_stats_memo() if self._kernel is not None and self._all_fused else None
         if self._memo is not None:

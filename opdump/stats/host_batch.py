@@ -42,6 +42,8 @@ class HostStatsBatch(DeviceStatsBatch):
         self._numpy = [c for c, get in zip(self._cats, self._fused_getters) if get is None]
 
     def _resolve_kernel(self):
+        if self._kernel is not _UNRESOLVED:         # once (see DeviceStatsBatch._resolve_kernel)
+            return self._kernel
         self._kernel = native.host_stats() if self._use_kernel else None
         self._memo = native.new_stats_memo(host=True) if self._kernel is not None and self._all_fused else None
         if self._memo is not None:
