@@ -69,10 +69,10 @@ WORKLOADS = {"alexnet": _bench("alexnet"), "transformer": _bench("transformer"),
 def run(root, make_step, native_on, monkeypatch, steps=3, **settings):
     """Dump iterations 0..steps-1 of ``make_step()``'s training; (root, whether the observer was
     ready to serve after each step, the native path's warnings)."""
-    if native_on:
-        monkeypatch.setenv(ENV, "1")
-    else:
+    if native_on is None:                   # the default (on)
         monkeypatch.delenv(ENV, raising=False)
+    else:
+        monkeypatch.setenv(ENV, "1" if native_on else "0")
     cfg = DumpConfig(path=str(root), iteration=IterationSpec(ranges=((0, steps - 1),)),
                      **{"saved_data": "statistic", "stat_calc_mode": "device", **settings})
     step = make_step()
@@ -199,8 +199,10 @@ def test_not_used_outside_statistics_only_dumps(tmp_path, monkeypatch, settings)
     assert live == [False, False] and not warned
 
 
-def test_off_by_default(tmp_path, monkeypatch):
-    _, live, _ = run(tmp_path, _bench("alexnet"), False, monkeypatch, steps=2)
+def test_on_by_default_and_off_by_switch(tmp_path, monkeypatch):
+    _, live, _ = run(tmp_path / "default", _bench("alexnet"), None, monkeypatch, steps=2)
+    assert live == [True, False]
+    _, live, _ = run(tmp_path / "off", _bench("alexnet"), False, monkeypatch, steps=2)
     assert live == [False, False]
 
 
@@ -298,4 +300,15 @@ def test_autocast_keeps_the_python_capture(tmp_path, monkeypatch):
     assert not any(py_live) and not py_warned
     assert len(warned) == 1 and "above autograd" in str(warned[0].message), [str(w.message) for w in warned]
     assert live == [False, False, False]
+    assert_same_dump(py_root, nat_root, (0, 1, 2))
+
+
+def test_autocast_by_default_falls_back_without_a_warning(tmp_path, monkeypatch):
+    """The same program with the native path on by default (not asked for by name): the probe
+    turns it away and nothing is lost (the Python capture dumped the probed iteration and
+    serves the rest), so no warning; the dump is the Python capture's."""
+    make = _zoo("llama", "_token_batch", autocast=True)
+    (py_root, _, _), (nat_root, live, warned) = [
+        run(tmp_path / kind, make, None if kind == "default" else False, monkeypatch) for kind in ("python", "default")]
+    assert live == [False, False, False] and not warned, [str(w.message) for w in warned]
     assert_same_dump(py_root, nat_root, (0, 1, 2))

@@ -15,7 +15,7 @@ timestamps, same rows in the same order; tests/test_native_eager*.py):
 * the probe passed (below);
 * nothing compiled in the process (``torch._dynamo`` has analysed no frame), no other
   dispatch mode on the stack;
-* ``OPDUMP_NATIVE_EAGER=1`` and the native module is built.
+* ``OPDUMP_NATIVE_EAGER`` is not ``0`` and the native module is built.
 
 Tensors the native memo does not read (not CPU, a dtype it lacks) are recorded by the
 Python recorder, called from C++ for that operator side.  An operator whose name is not in
@@ -56,9 +56,15 @@ ENV_SWITCH = "OPDUMP_NATIVE_EAGER"
 
 
 def native_enabled() -> bool:
-    """The switch: ``OPDUMP_NATIVE_EAGER=1`` lets the observer serve eligible iterations (off by
-    default: see "Not equal yet" in the module docstring)."""
-    return os.environ.get(ENV_SWITCH, "0").strip().lower() in ("1", "true", "yes", "on")
+    """The switch: the observer serves eligible iterations unless ``OPDUMP_NATIVE_EAGER=0``
+    (on by default: its dumps equal the Python capture's on the suite and the zoo, and the
+    probe proves the naming of each program it serves)."""
+    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def native_requested() -> bool:
+    """``OPDUMP_NATIVE_EAGER=1`` set explicitly: a program the probe turns away is told so."""
+    return os.environ.get(ENV_SWITCH, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _observer():
@@ -260,7 +266,10 @@ class NativeEager(NativeCallbacks):
         if self._native_live and not self._native_probing and state is not None:
             self._native_drop(state)
             dropped = f"; iteration {state.number} is not dumped"
-        if not self._native_broken:
+        # a program the probe turns away loses nothing (the Python capture dumped the probed
+        # iteration and serves the rest): said only when the native path was asked for by name
+        quiet = self._native_probing and not dropped and not native_requested()
+        if not self._native_broken and not quiet:
             warnings.warn(f"opdump: the native eager capture stopped ({why}){dropped}; the Python capture serves the "
                           f"following iterations",
                           RuntimeWarning, stacklevel=2)
