@@ -33,6 +33,32 @@ _observer_built = native.module() is not None and hasattr(native.module(), "eage
 pytestmark = pytest.mark.skipif(not _observer_built, reason="opdump's native module is not built on this machine")
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _as_in_a_fresh_eager_process():
+    """The native path stays off in a process that has compiled anything (README, native
+    statistics path: operators of a compiled region must not be dumped by the observer); these
+    tests stand for a fresh eager process, so Dynamo's frame counters, left by earlier test
+    files in the same pytest process, are set aside while they run and put back after."""
+    from torch._dynamo.utils import counters
+    saved = dict(counters["frames"])
+    counters["frames"].clear()
+    yield
+    counters["frames"].update(saved)
+
+
+def test_a_process_that_compiled_keeps_the_python_capture(tmp_path, monkeypatch):
+    """Once Dynamo has compiled a frame in the process, the observer never serves (the Python
+    capture tells compiled regions apart; the observer cannot): the dump is the Python capture's."""
+    from torch._dynamo.utils import counters
+    torch.compile(lambda x: x + 1, backend="eager")(torch.ones(2))
+    try:
+        _, live, warned = run(tmp_path, _bench("alexnet"), None, monkeypatch, steps=2)
+        assert live == [False, False] and not warned
+    finally:
+        counters["frames"].clear()
+        torch._dynamo.reset()
+
+
 # ---------------------------------------------------------------------- runs
 def _zoo(name, batch, autocast=False):
     """A zoo model (tests/zoo/models.py: transformers configs, tiny, random init), AdamW."""
