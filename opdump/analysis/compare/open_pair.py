@@ -7,7 +7,8 @@ by about one side's reading.  Pickling the opened dump costs a tenth of reading 
 
 When: both arguments are paths, on Linux (fork), no other Python thread running, and
 ``OPDUMP_COMPARE_PARALLEL_OPEN`` ``1`` (always) or unset (when a CPU of this process is
-idle: at least two CPUs and a one-minute load average below their count less one -- on a
+idle: at least two CPUs, a one-minute load average below their count less one, and torch
+not imported -- on a
 busy machine the child only competes for the same cores and the pickle is extra work:
 measured at load ~6 on two cores, 5.7 -> 6.4 s wall); ``0`` never.
 
@@ -47,6 +48,8 @@ def enabled() -> bool:
         return False
     if switch == "1":
         return True
+    if "torch" in sys.modules:      # unset: a process with torch's thread pools (a training script,
+        return False                # a notebook) is not forked; the `opdump compare` command has none
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
