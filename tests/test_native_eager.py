@@ -338,3 +338,14 @@ def test_autocast_by_default_falls_back_without_a_warning(tmp_path, monkeypatch)
         run(tmp_path / kind, make, None if kind == "default" else False, monkeypatch) for kind in ("python", "default")]
     assert live == [False, False, False] and not warned, [str(w.message) for w in warned]
     assert_same_dump(py_root, nat_root, (0, 1, 2))
+
+
+def test_cuda_in_the_process_keeps_the_python_capture_unless_asked(tmp_path, monkeypatch):
+    """CUDA initialised in the process (patched: this machine has no GPU, the real case cannot
+    run here): the native path is on by default only for CPU programs, so it stays off unless
+    OPDUMP_NATIVE_EAGER=1 asks for it."""
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    _, live, warned = run(tmp_path / "default", _bench("alexnet"), None, monkeypatch, steps=2)
+    assert live == [False, False] and not warned
+    _, live, _ = run(tmp_path / "asked", _bench("alexnet"), True, monkeypatch, steps=2)
+    assert live == [True, False]

@@ -15,7 +15,8 @@ timestamps, same rows in the same order; tests/test_native_eager*.py):
 * the probe passed (below);
 * nothing compiled in the process (``torch._dynamo`` has analysed no frame), no other
   dispatch mode on the stack;
-* ``OPDUMP_NATIVE_EAGER`` is not ``0`` and the native module is built.
+* ``OPDUMP_NATIVE_EAGER`` is not ``0`` and the native module is built; CUDA not initialised in
+  the process unless ``OPDUMP_NATIVE_EAGER=1`` (untested on a GPU).
 
 Tensors the native memo does not read (not CPU, a dtype it lacks) are recorded by the
 Python recorder, called from C++ for that operator side.  An operator whose name is not in
@@ -79,6 +80,14 @@ def _compiled_anything() -> bool:
     counters = getattr(utils, "counters", None)
     frames = counters.get("frames") if counters is not None else None
     return bool(frames and any(frames.values()))
+
+
+def _cuda_in_use() -> bool:
+    """CUDA initialised in this process: the native path is on by default only for CPU programs
+    (its CUDA side -- every CUDA tensor handed to the Python recorder from C++ -- has not been
+    run on a GPU yet); ``OPDUMP_NATIVE_EAGER=1`` asks for it there too."""
+    cuda = sys.modules.get("torch.cuda")
+    return bool(cuda is not None and cuda.is_initialized())
 
 
 class NativeEager(NativeCallbacks):
@@ -157,7 +166,7 @@ class NativeEager(NativeCallbacks):
                     return want         # the probed iteration goes on (or has not begun)
                 self._native_end_probe()
             usable = (want and not self._native_broken and self._active and self._native_eligible()
-                      and not _compiled_anything()
+                      and not _compiled_anything() and (native_requested() or not _cuda_in_use())
                       and torch._C._len_torch_dispatch_stack() == ((1 if self._pushed_mode() else 0)
                                                                    + (1 if self._native_inert is not None else 0)))
             if usable and self._native_verdict is None and not self._dumped_any:
