@@ -78,12 +78,28 @@ def measure_model(bench: Bench, name: str) -> dict:
     return {"name": name, "describe": build().describe, "rows": rows}
 
 
+def _alternating_cpu(rounds: int, plain, watched, before=None, after=None):
+    """Median ``time.process_time`` of ``plain()`` and of ``watched()`` (``before``/``after``
+    around each watched step, untimed), one of each per round, the order swapped every round."""
+    import statistics
+    times = {False: [], True: []}
+    for r in range(rounds):
+        for side in ((False, True) if r % 2 else (True, False)):
+            if side and before is not None:
+                before()
+            t0 = time.process_time()
+            (watched if side else plain)()
+            times[side].append(time.process_time() - t0)
+            if side and after is not None:
+                after()
+    return statistics.median(times[False]), statistics.median(times[True])
+
+
 def eager_cpu_ab(names, rounds: int) -> list:
     """The eager rows' focused reading: one torch thread, ``time.process_time`` per step,
     plain and watched steps alternating in one process (the capture toggled around each
     watched step, as :class:`bench.modes.EagerToggle` does), medians.  CPU time is what a
     neighbour's load disturbs least on a shared machine; returns one dict per model."""
-    import statistics
     import tempfile
     import warnings
     import opdump
@@ -106,19 +122,10 @@ def eager_cpu_ab(names, rounds: int) -> list:
                     toggle.enter()
                     w.step()
                     toggle.exit()
-                times = {False: [], True: []}
-                for r in range(rounds):
-                    for watched in ((False, True) if r % 2 else (True, False)):
-                        if watched:
-                            toggle.enter()
-                        t0 = time.process_time()
-                        w.step()
-                        times[watched].append(time.process_time() - t0)
-                        if watched:
-                            toggle.exit()
+                base, watch = _alternating_cpu(rounds, lambda: w.step(), lambda: w.step(),
+                                               before=toggle.enter, after=toggle.exit)
             finally:
                 session.__exit__(None, None, None)
-        base, watch = statistics.median(times[False]), statistics.median(times[True])
         out.append({"name": name, "plain_ms": base * 1e3, "watch_ms": watch * 1e3, "ratio": watch / base,
                     "load": os.getloadavg()[0]})
         log(f"[{name}] eager CPU time: plain {base * 1e3:.1f} ms, watch {watch * 1e3:.1f} ms, "
@@ -131,7 +138,6 @@ def graph_cpu_ab(names, rounds: int) -> list:
     ``time.process_time`` per step, the graph watch (opdump's backend, every step op by op)
     and ``aot_eager`` (the same op-by-op path with no watch) alternating in one process,
     medians; returns one dict per model."""
-    import statistics
     import tempfile
     import warnings
     import opdump
@@ -152,16 +158,10 @@ def graph_cpu_ab(names, rounds: int) -> list:
                 for _ in range(2):                      # compile and warm-up, both sides
                     floor.step()
                     watched.step()
-                times = {False: [], True: []}
-                for r in range(rounds):
-                    for side in ((False, True) if r % 2 else (True, False)):
-                        t0 = time.process_time()
-                        (watched if side else floor).step()
-                        times[side].append(time.process_time() - t0)
+                base, watch = _alternating_cpu(rounds, floor.step, watched.step)
             finally:
                 session.__exit__(None, None, None)
                 torch._dynamo.reset()
-        base, watch = statistics.median(times[False]), statistics.median(times[True])
         out.append({"name": name, "floor_ms": base * 1e3, "watch_ms": watch * 1e3, "ratio": watch / base,
                     "load": os.getloadavg()[0]})
         log(f"[{name}] graph CPU time: aot_eager {base * 1e3:.1f} ms, watch {watch * 1e3:.1f} ms, "
