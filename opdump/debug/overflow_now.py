@@ -54,9 +54,7 @@ class CpuPath:
         bump = 1 if where is None and writing else 0
         in_vals = None
         if kind in ALWAYS_FINITE and not flagged:
-            for t in outputs:
-                if isinstance(t, torch.Tensor) and t.dtype in _FLOATS:
-                    self._remember(t, 0.0, bump if id(t) in writing else 0)
+            self._remember_finite(outputs, writing, bump)
             self._recycle(cloned)
             return
         if not flagged and (kind in FINITE_PRESERVING and op.overload != "dtype"
@@ -70,9 +68,7 @@ class CpuPath:
                 return
             if judged and not any(v and v != _UNKNOWN for v in judged):
                 if _UNKNOWN not in judged:      # finite inputs: finite outputs, no reduction
-                    for t in outputs:
-                        if isinstance(t, torch.Tensor) and t.dtype in _FLOATS:
-                            self._remember(t, 0.0, bump if id(t) in writing else 0)
+                    self._remember_finite(outputs, writing, bump)
                 # else an input not read yet: nor are the outputs (read if a verdict needs them;
                 # the input was never judged, so it is no on-purpose Inf the outputs could carry)
                 self._recycle(cloned)
@@ -112,6 +108,12 @@ class CpuPath:
         """This operator's copies are free again, unless held operators' copies are pooled too."""
         if cloned and not self._calls:
             self._copies.recycle(self._copies.batch(), _NONE)
+
+    def _remember_finite(self, outputs, writing, bump: int) -> None:
+        """Outputs known finite without a reading (the written ones take autograd's bump)."""
+        for t in outputs:
+            if isinstance(t, torch.Tensor) and t.dtype in _FLOATS:
+                self._remember(t, 0.0, bump if id(t) in writing else 0)
 
     def _remember(self, t: torch.Tensor, value: Optional[float], bumps: int) -> None:
         try:
