@@ -34,6 +34,7 @@ import numpy as np
 
 from .frontend import EXTRA_OUTPUTS, canonical_type
 from .pairs import RULE_NAME, RULE_ORDER, _base_type, dtype_class, shape_from_text
+from .stat_cells import iterations_of, per_distinct
 from .stat_pairs import StatPairs, finish_result
 
 __all__ = ["statistics_compare", "enabled"]
@@ -49,12 +50,8 @@ def enabled() -> bool:
 
 
 def _its(rec) -> List[Optional[int]]:
-    return [None if v is None or v != v else int(v) for v in rec["iteration"].astype(object).tolist()]
-
-
-def _obj(rec, c: str) -> List[Any]:
-    """A column as Python objects, as ``DataFrame.to_dict('records')`` gives them."""
-    return rec[c].tolist()
+    """Each row's iteration as an int, None where missing."""
+    return iterations_of(rec["iteration"])
 
 
 def _usable(rec) -> bool:
@@ -153,14 +150,16 @@ def _pair_rank(sa, sb, it_a, it_b, it_pairs):
         x, y = sa[c].to_numpy(dtype=object)[ai], sb[c].to_numpy(dtype=object)[bi]
         if not bool(np.all(x == y)):
             return None
+    ai_l, bi_l = ai.tolist(), bi.tolist()
     shp_a, shp_b = sa["shape"].tolist(), sb["shape"].tolist()
-    if any(shp_a[i] != shp_b[j] and not (shp_a[i] != shp_a[i] and shp_b[j] != shp_b[j]) for i, j in
-           zip(ai.tolist(), bi.tolist())):
+    xa, xb = list(map(shp_a.__getitem__, ai_l)), list(map(shp_b.__getitem__, bi_l))
+    # equal lists (each cell the same object or ==) pass the per-cell rule below: checked first, in C
+    if xa != xb and any(x != y and not (x != x and y != y) for x, y in zip(xa, xb)):
         return None
-    if any(type(shp_a[i]) is not type(shp_b[j]) for i, j in zip(ai.tolist(), bi.tolist())):
+    if list(map(type, xa)) != list(map(type, xb)):
         return None
     dca, dcb = _dclass(sa), _dclass(sb)
-    if any(dca[i] != dcb[j] for i, j in zip(ai.tolist(), bi.tolist())):
+    if list(map(dca.__getitem__, ai_l)) != list(map(dcb.__getitem__, bi_l)):     # str cells: == is the rule
         return None
     for s in (sa, sb):
         if s.duplicated(["iteration", *_KEY]).any():
@@ -173,8 +172,9 @@ def _pair_rank(sa, sb, it_a, it_b, it_pairs):
 
 
 def _dclass(rec) -> List[str]:
-    """``dtype_class(Tensor.dtype)`` per row (statistics rows: the row's dtype when a string)."""
-    return [dtype_class(d if isinstance(d, str) and d else None) for d in rec["dtype"].tolist()]
+    """``dtype_class(Tensor.dtype)`` per row (statistics rows: the row's dtype when a string),
+    worked out once per distinct cell (:func:`per_distinct`)."""
+    return per_distinct(lambda d: dtype_class(d if isinstance(d, str) and d else None), rec["dtype"].tolist())
 
 
 def _tie_breaks(sa, sb, blocks, ai, bi, rules, dclass) -> bool:

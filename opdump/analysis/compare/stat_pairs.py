@@ -21,6 +21,7 @@ from .fields import make_tensors
 from .first import first_difference, first_divergence
 from .pairs import TABLE_COLUMNS, Pair, _shape_text, shape_from_text
 from .result import CompareResult, rule_of
+from .stat_cells import iterations_of, per_distinct
 from .stat_columns import _VALUES, column_of_values, judge_columns
 
 __all__ = ["StatPairs", "finish_result"]
@@ -33,21 +34,13 @@ def _dtype(v: Any) -> Optional[str]:
     return v if isinstance(v, str) and v else None          # Tensor.dtype (no np_dtype: no file)
 
 
+def _shape_text_of(t: Any) -> Optional[str]:
+    s = shape_from_text(t)
+    return None if s is None else _shape_text(s)
+
+
 def _shape_texts(texts: List[Any]) -> List[Optional[str]]:
-    cache: Dict[Any, Optional[str]] = {}
-    out = []
-    for t in texts:
-        try:
-            r = cache[t]
-        except (KeyError, TypeError):
-            s = shape_from_text(t)
-            r = None if s is None else _shape_text(s)
-            try:
-                cache[t] = r
-            except TypeError:
-                pass
-        out.append(r)
-    return out
+    return per_distinct(_shape_text_of, texts)
 
 
 def _take(frame, col: str, rows: np.ndarray) -> List[Any]:
@@ -63,24 +56,12 @@ def _take(frame, col: str, rows: np.ndarray) -> List[Any]:
 
 def _iterations(frame, rows: np.ndarray) -> List[Optional[int]]:
     """The iteration of each row (None where missing)."""
-    v = frame["iteration"].astype(object).to_numpy()[rows].tolist()
-    return [None if (x is None or x != x) else int(x) for x in v]
+    its = iterations_of(frame["iteration"])
+    return list(map(its.__getitem__, rows.tolist()))
 
 
 def _dtypes(cells: List[Any]) -> List[Optional[str]]:
-    memo: Dict[Any, Optional[str]] = {}
-    out = []
-    for v in cells:
-        try:
-            r = memo[v]
-        except (KeyError, TypeError):
-            r = _dtype(v)
-            try:
-                memo[v] = r
-            except TypeError:
-                pass
-        out.append(r)
-    return out
+    return per_distinct(_dtype, cells)
 
 
 def _stat_part(frame, col: str, rows: np.ndarray):
@@ -113,6 +94,11 @@ def _stat_column(parts, live: Optional[np.ndarray]):
     if live is not None:
         cells = [cells[i] for i in live.tolist()]
     return column_of_values(cells)
+
+
+def _same_dtype(xy) -> bool:
+    x, y = xy
+    return bool(x) and x.lower() == (y or "").lower()
 
 
 class StatPairs:
@@ -166,7 +152,7 @@ class StatPairs:
                                        garbage(c["op_type_b"], c["io_b"], c["slot_b"]))]
         all_live = not any(skip)
         live = list(range(n)) if all_live else [i for i in range(n) if not skip[i]]
-        same = [bool(x) and x.lower() == (y or "").lower() for x, y in zip(c["dtype_a"], c["dtype_b"])]
+        same = per_distinct(_same_dtype, list(zip(c["dtype_a"], c["dtype_b"])))
         if live:
             live_a = None if all_live else np.asarray(live, dtype=np.int64)
 
@@ -264,9 +250,7 @@ def _table(sp: StatPairs, pd):
         if arr is not None:
             typed[k] = arr
             continue
-        arr = np.empty(n, dtype=object)
-        arr[:] = v
-        cols[k] = arr
+        cols[k] = np.fromiter(v, dtype=object, count=n)     # each cell as is (no sequence discovery)
     # the per-row stages build the frame from rows of Python objects: the same inference
     table = pd.DataFrame(cols, columns=[k for k in TABLE_COLUMNS if k in cols]).infer_objects()
     for k, arr in typed.items():

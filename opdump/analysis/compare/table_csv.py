@@ -18,6 +18,8 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
+from .stat_cells import per_distinct
+
 __all__ = ["write_table_csv", "column_texts"]
 
 _ROW = None          # a csv writer over a buffer: pandas' dialect (QUOTE_MINIMAL, "\n" line end)
@@ -106,8 +108,10 @@ def column_texts(col) -> Optional[List[str]]:
                 return [""] * len(col)
             return _object_texts(col.tolist())
         return None
-    if name in ("Int64", "str"):                      # NA empty; an int's str, a string quoted
-        return _by_distinct(col, str if name == "Int64" else _quote)
+    if name == "str":                                  # NA empty, a string quoted
+        return _str_texts(col)
+    if name == "Int64":                                # NA empty; an int's str
+        return _by_distinct(col, str)
     return None
 
 
@@ -120,6 +124,16 @@ def _by_distinct(col, text) -> List[str]:
     table[:-1] = [text(v) for v in uniques.tolist()]
     table[-1] = ""                                    # code -1: NA
     return table[codes].tolist()
+
+
+def _str_texts(col) -> List[str]:
+    """The fields of a ``str`` column: each distinct string quoted once, NA empty -- what
+    :func:`_by_distinct` gives, found by a dict over the column's Python strings
+    (:func:`.stat_cells.per_distinct`) instead of pandas' factorize of strings (~7 ms a
+    column of 100,000 rows, about twice this)."""
+    def field(v) -> str:
+        return _quote(v) if type(v) is str else ""    # a str column holds str, else NA (NaN, pd.NA, None)
+    return per_distinct(field, col.tolist())
 
 
 def write_table_csv(table, path: str) -> None:

@@ -1,0 +1,35 @@
+"""Per-row answers of a statistics-only compare's columns (:mod:`.stat_fast`,
+:mod:`.stat_pairs`) worked out in C-level passes where the plain loops spent tens of
+milliseconds a column on 100,000 rows; each gives exactly what its loop gives.
+"""
+from __future__ import annotations
+
+from typing import Any, List, Optional
+
+import numpy as np
+
+__all__ = ["per_distinct", "iterations_of"]
+
+
+def per_distinct(f, cells: List[Any]) -> List[Any]:
+    """``[f(x) for x in cells]`` with ``f`` called once per distinct cell, for an ``f`` that
+    gives equal answers for equal cells: the answers are looked up in one C-level pass.
+    Cells a dict cannot find again (unhashable, or a NaN that is not the object it was
+    stored as) send the column to the plain loop, the same answers."""
+    try:
+        seen = dict.fromkeys(cells)
+        for x in seen:
+            seen[x] = f(x)
+        return list(map(seen.__getitem__, cells))
+    except (KeyError, TypeError):
+        return [f(x) for x in cells]
+
+
+def iterations_of(ser) -> List[Optional[int]]:
+    """``[None if v is None or v != v else int(v) for v in ser.astype(object)]``: a column
+    of the ``Int64`` dtype (the records') with no missing cell through numpy in one step,
+    any other by the loop."""
+    if str(ser.dtype) == "Int64" and not ser.isna().any():
+        return ser.to_numpy(dtype=np.int64).tolist()
+    return [None if v is None or v != v else int(v) for v in ser.astype(object).tolist()]
+
