@@ -188,11 +188,11 @@ def compare(a: Union[str, os.PathLike, Dump], b: Union[str, os.PathLike, Dump], 
     ``input``/``output`` only. ``matchers``: the matching rules (default
     :func:`.match.default_matchers`). Raises :class:`CompareError` when there is nothing
     to compare."""
-    import pandas as pd
     if isinstance(a, Dump) or isinstance(b, Dump):
         da, db = _open(a), _open(b)
     else:                                       # two paths: B read by a child meanwhile (.open_pair)
-        da, db = open_pair(a, b, open_dump)
+        da, db = open_pair(a, b, open_dump)     # before pandas is imported: each process imports it
+    import pandas as pd                         # while reading (the records), the import off the serial path
     if isinstance(mapping, (str, os.PathLike)):
         mapping = load_mapping(mapping)
     plain = None
