@@ -120,7 +120,7 @@ class ScopeTracker:
         return name
 
     def push_root(self, module) -> Frame:
-        k = self._count("", module)
+        k = self._count(None, module)   # apart from the root's children, whose parent path is ""
         root = display_class(module) + (f"@{k}" if k else "")
         frame = Frame(module, "", (), (str(id(module)),), root, False)
         self.stack.append(frame)

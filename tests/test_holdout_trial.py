@@ -1,0 +1,103 @@
+"""opdump tried as a new user would, on models that are not in the zoo or the bench (README
+"Quick start", "Eager mode", "Debug dumps", "Analysis"): small random ``transformers`` models
+(T5, BART, Mistral, Qwen2, Gemma, DistilBERT, ConvNeXt, Wav2Vec2, Whisper, built from configs)
+and hand-written models with known faults. What broke, each with its regression test here:
+
+* A module called at top level (``model.attn(x)`` for a check, outside the model's forward)
+  and then again inside the model in the same iteration got ``@1`` in the model's scope
+  (``Default/Net/attn@1-Attn``): the call counts of top-level calls and of the root's
+  children shared one key (parent path ``""``), so one iteration's names differed from the
+  others' and compare/``kernels`` filters missed them.
+* A parametrized attribute read outside the model (``conv.weight`` of a ``weight_norm``
+  conv: transformers' weight initialisation of Wav2Vec2/HuBERT, a script logging a weight)
+  runs a ``ParametrizationList`` module at top level, which eager capture took for a model
+  call: before the first optimizer step every such read started a new iteration, so under
+  ``opdump run`` iterations 0-2 of a Wav2Vec2 dump held one ``_weight_norm_interface``
+  operator each and no operator of the model.
+"""
+import csv
+import os
+
+import pytest
+import torch
+import torch.nn as nn
+
+import opdump
+from opdump.capture.eager import EagerCapture
+from conftest import write_config
+
+
+def _order(dump, iteration, graph=0):
+    """The full names of one eager iteration, from its own execution-order CSV."""
+    path = os.path.join(str(dump), "rank_0", "Net", str(graph), str(iteration), f"ms_execution_order_graph_{graph}.csv")
+    with open(path, newline="") as f:
+        rows = [r[0] for r in csv.reader(f)]
+    return rows[1:]
+
+
+class _Sub(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.tanh(self.fc(x))
+
+
+class _Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inp, self.sub, self.out = nn.Linear(4, 4), _Sub(), nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.out(self.sub(self.inp(x)))
+
+
+def test_top_level_call_of_a_submodule_does_not_rename_the_models_operators(tmp_path):
+    torch.manual_seed(0)
+    cfg = write_config(tmp_path, common={"saved_data": "statistic", "iteration": "0|1"})
+    model = _Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with opdump.Session(cfg) as s, EagerCapture(s):
+        for step in range(2):
+            x = torch.randn(3, 4)
+            if step == 1:
+                with torch.no_grad():
+                    model.sub(model.inp(x))          # a check outside the model's forward
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    first = [n for n in _order(tmp_path / "dump", 0) if n.startswith("Default/_Net/")]
+    second = [n for n in _order(tmp_path / "dump", 1) if n.startswith("Default/_Net/")]
+    assert any("/sub-_Sub/" in n for n in first)
+    without_number = lambda names: [n.rsplit("-op", 1)[0] for n in names]     # the check's 5 operators shift N
+    assert without_number(second) == without_number(first), [n for n in second if "@" in n]
+
+
+class _WeightNormed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.conv = nn.utils.parametrizations.weight_norm(nn.Conv1d(4, 4, 3, padding=1), dim=2)
+
+    def forward(self, x):
+        return self.conv(self.fc(x).transpose(1, 2)).sum()
+
+
+@pytest.mark.xfail(strict=True, reason="eager capture takes a top-level ParametrizationList call (a parametrized "
+                   "weight read outside the model) for a model call; reported to the eager capture's owner, "
+                   "fix in opdump/capture/eager/mode.py _module_pre/_module_post")
+def test_parametrized_weight_read_outside_the_model_is_not_an_iteration(tmp_path):
+    torch.manual_seed(0)
+    cfg = write_config(tmp_path, common={"saved_data": "statistic", "iteration": "0"})
+    with opdump.Session(cfg) as s, EagerCapture(s):       # as under `opdump run`: capture on before the model exists
+        model = _WeightNormed()
+        for _ in range(3):
+            model.conv.weight.norm()                         # what transformers' init (Wav2Vec2) or a logger does
+        assert s.iteration == 0
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.randn(2, 5, 4)).backward()
+        opt.step()
+    names = _order(tmp_path / "dump", 0)
+    assert any(n.endswith(tuple(f"/convolution-op{i}" for i in range(100))) for n in names), names
+    assert any("/fc-Linear/addmm-op" in n for n in names), names
