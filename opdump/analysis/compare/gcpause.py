@@ -11,7 +11,13 @@ it skipped happens at its next natural turn.
 The tensor metrics are the exception: they read arrays, and an error path may tie an array
 to a cycle (a traceback's frames), so :func:`gc_running` turns the collector back on around
 them -- in process and in the worker processes forked there, which inherit the parent's
-collector state.  Memory stays bounded as without the pause.
+collector state.  The objects that exist when it turns the collector on (the compare's
+records, tensors and pairs) are frozen for the block (``gc.freeze``) and unfrozen after:
+the collector then walks only what the metrics allocate.  Without it, every worker forked
+there walked the whole inherited heap (touching every page: copy-on-write) and so did the
+parent: on 32,700 small pairs the metric stage took 0.62 s of the main process's CPU and
+1.33 s of the workers' instead of 0.29 and 0.83 (wall 4.7 -> 2.3 s, load ~7).  Memory stays
+bounded as without the pause.
 
 Guarantee: the wrapped function's results and exceptions are unchanged; only when the
 collector runs moves.
@@ -46,9 +52,14 @@ def gc_paused(func):
 
 @contextmanager
 def gc_running() -> Iterator[None]:
-    """Inside a :func:`gc_paused` call: the collector on for the block (and off again after);
-    elsewhere: nothing changes."""
+    """Inside a :func:`gc_paused` call: the collector on for the block (and off again after),
+    the objects that exist before it frozen meanwhile (module doc; not when the caller has
+    frozen objects itself: ``gc.get_freeze_count()`` is then left alone); elsewhere: nothing
+    changes."""
     resume = _paused[0] > 0 and not gc.isenabled()
+    freeze = resume and gc.get_freeze_count() == 0     # a caller's own frozen objects: left as they are
+    if freeze:
+        gc.freeze()
     if resume:
         gc.enable()
     try:
@@ -56,3 +67,5 @@ def gc_running() -> Iterator[None]:
     finally:
         if resume:
             gc.disable()
+        if freeze:
+            gc.unfreeze()

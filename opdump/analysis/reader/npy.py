@@ -44,6 +44,25 @@ def _fast_header(raw: bytes) -> Optional[Tuple[Tuple[int, ...], bool, np.dtype, 
         return None
     if raw[7] != 0 or start + hlen > len(raw):
         return None
+    key = raw[:start + hlen]
+    hit = _SEEN.get(key)
+    if hit is not None:                 # the same header bytes as an earlier file: same layout
+        return hit
+    parsed = _parse_header(raw, start, hlen)
+    if parsed is not None and len(_SEEN) < _SEEN_MAX:
+        _SEEN[key] = parsed
+    return parsed
+
+
+#: header bytes -> parsed layout: files of one shape and dtype share their header byte for
+#: byte (tens of thousands of files of a few shapes in a many-small-tensors dump), so the
+#: regular expression runs once per distinct header.  Bounded; values are immutable tuples.
+_SEEN: Dict[bytes, Tuple[Tuple[int, ...], bool, np.dtype, int]] = {}
+_SEEN_MAX = 8192
+
+
+def _parse_header(raw: bytes, start: int, hlen: int) -> Optional[Tuple[Tuple[int, ...], bool, np.dtype, int]]:
+    """:func:`_fast_header`'s parse of the header text (no memo)."""
     try:
         text = raw[start:start + hlen].decode("latin1")
     except UnicodeDecodeError:  # pragma: no cover - latin1 decodes any byte
@@ -74,8 +93,9 @@ def _read_header(path: str) -> Tuple[Layout, int]:
         fast = _fast_header(os.pread(fd, 512, 0))
     finally:
         os.close(fd)
-    if fast is not None:
+    if fast is not None:                # shape already a tuple of ints, fortran a bool
         shape, fortran, dtype, offset = fast
+        return (shape, dtype, offset, fortran), size
     else:
         with open(path, "rb") as f:
             try:

