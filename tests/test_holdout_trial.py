@@ -101,3 +101,44 @@ def test_parametrized_weight_read_outside_the_model_is_not_an_iteration(tmp_path
     names = _order(tmp_path / "dump", 0)
     assert any(n.endswith(tuple(f"/convolution-op{i}" for i in range(100))) for n in names), names
     assert any("/fc-Linear/addmm-op" in n for n in names), names
+
+
+# ---------------------------------------------------------------- eager vs graph statistics, compare
+class _WithConstant(nn.Module):
+    """T5-like: a constant made in ``forward`` (lifted into the compiled graph as
+    ``constants/Parameter.data-0``, a statistics row with no iteration)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return (self.fc(x) * torch.tensor([1.0, 2.0, 3.0, 4.0])).relu().sum()
+
+
+def _stat_run(tmp_path, name, compiled):
+    torch.manual_seed(0)
+    cfg = write_config(tmp_path, common={"path": str(tmp_path / name), "saved_data": "statistic", "iteration": "0",
+                                         "statistic_category": ["max", "min", "avg", "l2norm"]}, name=name + ".json")
+    model = _WithConstant()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(1))
+    with opdump.Session(cfg) as s:
+        if compiled:
+            run = torch.compile(model, backend=s.backend("eager"))
+            run(x).backward()
+        else:
+            with EagerCapture(s):
+                model(x).backward()
+        opt.step()
+    return opdump.load(str(tmp_path / name))
+
+
+def test_statistics_compare_graph_with_constants_against_eager(tmp_path):
+    """Was: TypeError "boolean value of NA is ambiguous" (the constants' rows have no iteration)."""
+    from opdump.analysis import compare
+    graph, eager = _stat_run(tmp_path, "graph", True), _stat_run(tmp_path, "eager", False)
+    assert graph.statistics().iteration.isna().any()          # the lifted constant's row
+    result = compare(graph, eager)
+    assert result.first_divergence is None
+    assert (result.table.verdict == "pass").sum() > 10

@@ -31,5 +31,5 @@ def iterations_of(ser) -> List[Optional[int]]:
     any other by the loop."""
     if str(ser.dtype) == "Int64" and not ser.isna().any():
         return ser.to_numpy(dtype=np.int64).tolist()
-    return [None if v is None or v != v else int(v) for v in ser.astype(object).tolist()]
+    return [None if v is None or v != v else int(v) for v in ser.astype(object).where(ser.notna(), None).tolist()]
 
