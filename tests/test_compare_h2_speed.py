@@ -91,3 +91,37 @@ def test_gc_running_leaves_a_callers_freeze_alone():
         assert seen == [before] and gc.get_freeze_count() == before
     finally:
         gc.unfreeze()
+
+
+# ------------------------------------------------------------------ value tie-break fingerprint
+@pytest.mark.parametrize("size", [0, 1, 100, (1 << 16) - 1, 1 << 16, (1 << 16) + 1, 300_000])
+def test_fingerprint_tail_is_the_last_64k(tmp_path, size):
+    """``match._tail`` reads the bytes open/seek/read gave (the last 64 KiB, or all)."""
+    from opdump.analysis.compare.match import _FINGERPRINT_BYTES, _tail
+    data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+    p = tmp_path / "f.bin"
+    p.write_bytes(data)
+    with open(p, "rb") as f:
+        f.seek(0, 2)
+        f.seek(max(0, f.tell() - _FINGERPRINT_BYTES))
+        want = f.read()
+    assert _tail(str(p)) == want == data[-_FINGERPRINT_BYTES:] if size else _tail(str(p)) == b""
+    with pytest.raises(OSError):
+        _tail(str(tmp_path / "missing.bin"))
+    with pytest.raises(OSError):
+        _tail(str(tmp_path))                    # a folder: an OSError, as open() gave
+
+
+# ------------------------------------------------------------------ verdict memos
+@pytest.mark.parametrize("op_type", ["empty", "empty_like.default", "aten.fill_.Scalar", "zero_", "copy_",
+                                     "add", "DropoutGenMask", "bernoulli_", "native_dropout", None, float("nan")])
+@pytest.mark.parametrize("io,slot", [("input", 0), ("input", 1), ("output", 0), ("output", 2)])
+def test_verdict_memos_answer_as_the_functions(op_type, io, slot):
+    from opdump.analysis.common import is_garbage, is_random_op
+    from opdump.analysis.compare import verdict as V
+    for _ in range(2):                          # first call and memo hit
+        assert V._garbage(op_type, io, slot) == is_garbage(op_type, io, slot)
+        assert V._is_random(op_type) == is_random_op(op_type)
+    for d in ("float32", "Float32", "BFloat16", "bf16", "Float16", "half", "Int64", None, "complex64"):
+        assert V._tolerance(d, V.Thresholds()) == V.same_dtype_tolerance(d, V.Thresholds())
+        assert V._tolerance(d, V.Thresholds(same_rtol=1e-3)) == V.same_dtype_tolerance(d, V.Thresholds(same_rtol=1e-3))

@@ -40,6 +40,7 @@ verdict stage then reports them as unmatched when their element counts differ).
 """
 from __future__ import annotations
 
+import os
 from difflib import SequenceMatcher
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -195,19 +196,37 @@ def _calls(tensors: Sequence[Tensor], free: Iterable[int]) -> Dict[str, List[Tup
 _FINGERPRINT_BYTES = 1 << 16
 
 
+def _tail(path: str) -> bytes:
+    """The last 64 KiB of a file (all of it when smaller), read with one ``pread``: the bytes
+    ``open``/``seek``/``read`` gave, without a buffered file object per file (a scope of
+    thousands of small same-signature calls reads thousands of them)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        start = max(0, size - _FINGERPRINT_BYTES)
+        parts = []
+        pos = start
+        while pos < size:
+            chunk = os.pread(fd, size - pos, pos)
+            if not chunk:
+                break
+            parts.append(chunk)
+            pos += len(chunk)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+    finally:
+        os.close(fd)
+
+
 def _fingerprint(c: OpCall) -> Optional[tuple]:
     """What identifies a call's output values (None: unknown): the last 64 KiB of each output
     file (the data; same-dtype files of one shape have the same header), else its statistics."""
     outs = sorted((t for t in c.tensors if t.io == "output"), key=lambda t: t.slot) or list(c.tensors)
     parts = []
     for t in outs:
-        if t.path:
+        path = t.path
+        if path:
             try:
-                with open(t.path, "rb") as f:
-                    f.seek(0, 2)
-                    size = f.tell()
-                    f.seek(max(0, size - _FINGERPRINT_BYTES))
-                    parts.append(hash(f.read()))
+                parts.append(hash(_tail(path)))
                 continue
             except OSError:
                 return None

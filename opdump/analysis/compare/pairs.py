@@ -238,9 +238,11 @@ class Pair:
 
     @property
     def same_dtype(self) -> bool:
-        da = (self.a.dtype or "") if self.a is not None else ""
-        db = (self.b.dtype or "") if self.b is not None else ""
-        return bool(da) and da.lower() == db.lower()
+        a, b = self.a, self.b
+        if a is None or b is None:          # one side's dtype "": never the same
+            return False
+        da, db = a.dtype or "", b.dtype or ""
+        return bool(da) and (da == db or da.lower() == db.lower())
 
     def sort_key(self) -> tuple:
         t = self.side
@@ -250,7 +252,10 @@ class Pair:
     def table_values(self) -> List[Any]:
         """The pair's row of the table as a list in :data:`TABLE_COLUMNS` order (``order``
         None), without building a dict per pair."""
-        a, b, t = self.a, self.b, self.side
+        a, b = self.a, self.b
+        t = a if a is not None else b
+        pa = a.path if a is not None else None
+        pb = b.path if b is not None else None
         m = self.metrics
         return [None, t.rank, a.iteration if a is not None else None, b.iteration if b is not None else None,
                 t.graph, a.op if a is not None else None, b.op if b is not None else None, t.op_type, t.kind,
@@ -260,5 +265,4 @@ class Pair:
                 m.get("stat_max_rel_diff"),
                 a.dtype if a is not None else None, b.dtype if b is not None else None,
                 a.shape_text() if a is not None else None, b.shape_text() if b is not None else None,
-                self.source, on_disk(a.path) if a is not None and a.path else None,
-                on_disk(b.path) if b is not None and b.path else None]
+                self.source, on_disk(pa) if pa else None, on_disk(pb) if pb else None]
