@@ -26,9 +26,9 @@ def per_distinct(f, cells: List[Any]) -> List[Any]:
 
 
 def iterations_of(ser) -> List[Optional[int]]:
-    """``[None if v is None or v != v else int(v) for v in ser.astype(object)]``: a column
-    of the ``Int64`` dtype (the records') with no missing cell through numpy in one step,
-    any other by the loop."""
+    """Each cell as an int, None where missing (None, NaN, ``pd.NA``: the rows of lifted
+    constants have no iteration): a column of the ``Int64`` dtype (the records') with no
+    missing cell through numpy in one step, any other by the loop."""
     if str(ser.dtype) == "Int64" and not ser.isna().any():
         return ser.to_numpy(dtype=np.int64).tolist()
     return [None if v is None or v != v else int(v) for v in ser.astype(object).where(ser.notna(), None).tolist()]

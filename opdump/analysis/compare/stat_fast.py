@@ -58,7 +58,12 @@ def _usable(rec) -> bool:
     """Statistics rows only: no tensor file, a statistics row each."""
     if rec.empty:
         return False
-    return bool(rec["path"].isna().all()) and all(v is True for v in rec["stat_row"].tolist())
+    if not bool(rec["path"].isna().all()):
+        return False
+    rows = rec["stat_row"]
+    if rows.dtype == np.bool_:                      # the records' dtype: each cell True or False
+        return bool(rows.to_numpy().all())
+    return all(v is True for v in rows.tolist())
 
 
 def _side(dump, rank, io, include_parameters):

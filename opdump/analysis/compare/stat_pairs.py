@@ -10,7 +10,9 @@ functions can look at (the differing ones and the calls they name), in table ord
 """
 from __future__ import annotations
 
-from itertools import compress
+import operator
+from collections import Counter
+from itertools import compress, repeat
 from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
@@ -27,6 +29,8 @@ from .stat_columns import _VALUES, column_of_values, judge_columns
 __all__ = ["StatPairs", "finish_result"]
 
 _SKIPPED = "undefined values (uninitialised or overwritten)"
+_NOT_COMPARED = frozenset(("unreadable", "unmatched"))
+_DIVERGED = frozenset(("diverged", "nondeterministic"))
 _FIRST_CALLS = 64           # calls materialised for the first difference before trying them all
 
 
@@ -148,10 +152,9 @@ class StatPairs:
                 c[k] = [int(v) for v in c[k]]
         n = len(c["rank"])
         # verdicts (judge_pair, then the statistics of the pairs it does not skip)
-        skip = [x or y for x, y in zip(garbage(c["op_type"], c["io"], c["slot"]),
-                                       garbage(c["op_type_b"], c["io_b"], c["slot_b"]))]
-        all_live = not any(skip)
-        live = list(range(n)) if all_live else [i for i in range(n) if not skip[i]]
+        ga, gb = garbage(c["op_type"], c["io"], c["slot"]), garbage(c["op_type_b"], c["io_b"], c["slot_b"])
+        all_live = not (any(ga) or any(gb))
+        live = list(range(n)) if all_live else [i for i in range(n) if not (ga[i] or gb[i])]
         same = per_distinct(_same_dtype, list(zip(c["dtype_a"], c["dtype_b"])))
         if live:
             live_a = None if all_live else np.asarray(live, dtype=np.int64)
@@ -268,15 +271,15 @@ def finish_result(da, db, sp: StatPairs, rank_pairs, it_pairs, thresholds, sourc
     _sources(sp, da, db, sources)
     c = sp.cols
     n = len(c["rank"])
-    compared = [i for i in range(n) if c["identical"][i] is not None
-                or (c["mode"][i] and c["verdict"][i] not in ("unreadable", "unmatched"))]
-    same = bool(compared) and all(c["same"][i] for i in compared)
+    # compared: identical known, or a mode and a verdict other than unreadable/unmatched
+    compared = _mask(map(operator.is_not, c["identical"], repeat(None)), n) | (
+        _mask(map(bool, c["mode"]), n) & ~_mask(map(_NOT_COMPARED.__contains__, c["verdict"]), n))
+    same_at = _mask(map(bool, c["same"]), n)[compared]
+    same = bool(len(same_at)) and bool(same_at.all())
     fdiff, nondet_d = _first_difference(sp, sources) if same else (None, [])
     fdiv, nondet, params = _first_divergence(sp, sources)
-    rule, note = rule_of(same, sum(1 for i in compared if not c["same"][i]), len(compared), thresholds)
-    matched_by: Dict[str, int] = {}
-    for r in c["match"]:
-        matched_by[r] = matched_by.get(r, 0) + 1
+    rule, note = rule_of(same, int((~same_at).sum()), len(same_at), thresholds)
+    matched_by: Dict[str, int] = dict(Counter(c["match"]))      # first seen first, as the loop counted
     calls_a = len(set(compress(zip(c["rank"], c["iteration"], c["graph"], c["op_file"], c["call"]),
                                map("op".__eq__, c["kind"]))))
     calls_b = len(set(compress(zip(c["rank_b"], c["iteration_b"], c["graph_b"], c["op_file_b"], c["call_b"]),
@@ -292,6 +295,11 @@ def finish_result(da, db, sp: StatPairs, rank_pairs, it_pairs, thresholds, sourc
     return result
 
 
+def _mask(bools, n: int) -> np.ndarray:
+    """A bool array of an iterator of ``n`` truth values (built in C, no Python loop)."""
+    return np.fromiter(bools, dtype=bool, count=n)
+
+
 def _call_keys(c) -> List[tuple]:
     return list(zip(c["rank"], c["iteration"], c["graph"], c["op_file"], c["call"]))
 
@@ -300,11 +308,13 @@ def _first_divergence(sp: StatPairs, sources):
     """:func:`.first.first_divergence` on the pairs it can look at: the diverged and
     nondeterministic ones, and every pair of the first diverged operator's call."""
     c = sp.cols
-    idx = [i for i, v in enumerate(c["verdict"]) if v in ("diverged", "nondeterministic")]
+    n = len(c["verdict"])
+    idx = np.flatnonzero(_mask(map(_DIVERGED.__contains__, c["verdict"]), n)).tolist()
     first = next((i for i in idx if c["verdict"][i] == "diverged" and c["kind"][i] == "op"), None)
     if first is not None:
         keys = _call_keys(c)
-        idx = sorted(set(idx) | {i for i, k in enumerate(keys) if k == keys[first]})
+        same_call = np.flatnonzero(_mask(map(keys[first].__eq__, keys), n)).tolist()
+        idx = sorted(set(idx) | set(same_call))
     return first_divergence(sp.tensors(idx), sources)
 
 
@@ -313,16 +323,17 @@ def _first_difference(sp: StatPairs, sources):
     pair that is not identical (the first few, then all when those decide nothing) and the
     parameters that are not identical."""
     c = sp.cols
-    keys = _call_keys(c)
-    params = [i for i in range(len(keys)) if c["kind"][i] != "op" and c["identical"][i] is False]
-    differ: Dict[tuple, None] = {}
-    for i, k in enumerate(keys):
-        if c["kind"][i] == "op" and c["identical"][i] is False:
-            differ.setdefault(k, None)
-    order = list(differ)
+    n = len(c["kind"])
+    is_op = _mask(map("op".__eq__, c["kind"]), n)
+    differs = _mask(map(operator.is_, c["identical"], repeat(False)), n)
+    params = np.flatnonzero(~is_op & differs).tolist()
+    rows = np.flatnonzero(is_op & differs).tolist()
+    keys = _call_keys(c) if rows else []
+    order = list(dict.fromkeys(map(keys.__getitem__, rows)))       # A's calls holding one, first seen first
     for limit in (_FIRST_CALLS, None):
         chosen = set(order[:limit] if limit else order)
-        idx = sorted(set(params) | {i for i, k in enumerate(keys) if c["kind"][i] == "op" and k in chosen})
+        in_chosen = np.flatnonzero(is_op & _mask(map(chosen.__contains__, keys), n)).tolist() if chosen else []
+        idx = sorted(set(params) | set(in_chosen))
         out = first_difference(sp.tensors(idx), sources)
         if out[0] is not None or limit is None or len(order) <= limit:
             return out
