@@ -233,35 +233,32 @@ def _sources(sp: StatPairs, da, db, sources) -> None:
 
 
 def _table(sp: StatPairs, pd):
+    """The table the per-row stages build from rows of Python objects: each column of one
+    of int/float/bool as that array (what ``infer_objects`` makes of it), any other as
+    objects then inferred; ``order`` 0.. and the iterations ``Int64``; columns no pair fills
+    all None."""
     c = sp.cols
     n = len(c["rank"])
-    none = [None] * n
     m = c["metrics"]
     data = {
-        "order": none, "rank": c["rank"], "iteration": c["iteration"], "iteration_b": c["iteration_b"],
-        "graph": c["graph"], "op": c["op"], "op_b": c["op_b"], "op_type": c["op_type"], "kind": c["kind"],
-        "io": c["io"], "slot": c["slot"], "call": c["call"], "match": c["match"], "mode": c["mode"],
-        "verdict": c["verdict"], "reason": c["reason"], "identical": c["identical"],
+        "rank": c["rank"], "graph": c["graph"], "op": c["op"], "op_b": c["op_b"], "op_type": c["op_type"],
+        "kind": c["kind"], "io": c["io"], "slot": c["slot"], "call": c["call"], "match": c["match"],
+        "mode": c["mode"], "verdict": c["verdict"], "reason": c["reason"], "identical": c["identical"],
         "stat_max_rel_diff": [x.get("stat_max_rel_diff") for x in m],
         "dtype_a": c["dtype_a"], "dtype_b": c["dtype_b"], "shape_a": c["shape_a"], "shape_b": c["shape_b"],
-        "source": c["source"], "path_a": none, "path_b": none}
+        "source": c["source"]}
     cols = {}
-    typed = {}
     for k in TABLE_COLUMNS:
-        v = data.get(k, none)
-        arr = typed_array(v) if n else None          # one of int/float/bool: infer_objects' array
-        if arr is not None:
-            typed[k] = arr
-            continue
-        cols[k] = np.fromiter(v, dtype=object, count=n)     # each cell as is (no sequence discovery)
-    # the per-row stages build the frame from rows of Python objects: the same inference
-    table = pd.DataFrame(cols, columns=[k for k in TABLE_COLUMNS if k in cols]).infer_objects()
-    for k, arr in typed.items():
-        table[k] = arr
-    table = table[list(TABLE_COLUMNS)]
-    table["order"] = range(len(table))
-    for k in ("iteration", "iteration_b"):
-        table[k] = pd.array(c[k], dtype="Int64")
+        if k == "order":
+            cols[k] = np.arange(n, dtype=np.int64)
+        elif k in ("iteration", "iteration_b"):
+            cols[k] = pd.array(c[k], dtype="Int64")
+        elif k not in data:
+            cols[k] = np.full(n, None, dtype=object)
+        else:
+            arr = typed_array(data[k]) if n else None       # one of int/float/bool: infer_objects' array
+            cols[k] = arr if arr is not None else np.fromiter(data[k], dtype=object, count=n)
+    table = pd.DataFrame(cols, columns=list(TABLE_COLUMNS)).infer_objects()   # object columns only
     return table
 
 
