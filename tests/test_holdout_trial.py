@@ -142,3 +142,20 @@ def test_statistics_compare_graph_with_constants_against_eager(tmp_path):
     result = compare(graph, eager)
     assert result.first_divergence is None
     assert (result.table.verdict == "pass").sum() > 10
+
+
+def test_ls_shows_the_default_saved_data_of_a_config_that_leaves_it_out(tmp_path):
+    """Was ``saved_data=?`` (the README's debug-mode configs leave the field out; its default is tensor)."""
+    import json
+    import subprocess
+    import sys
+    cfg = tmp_path / "data_dump.json"
+    cfg.write_text(json.dumps({"common_dump_settings": {"path": str(tmp_path / "dump"), "iteration": "0"}}))
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    with opdump.Session(str(cfg)) as s, EagerCapture(s):
+        model(torch.randn(2, 3)).sum().backward()
+    out = subprocess.run([sys.executable, "-m", "opdump", "ls", str(tmp_path / "dump")], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "saved_data=tensor;" in out.stdout, out.stdout

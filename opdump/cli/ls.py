@@ -48,7 +48,7 @@ def cmd_ls(args) -> int:
         cfg = r.config or {}
         who = ", ".join(f"{k}={v}" for k, v in cfg.items() if k in ("device_target", "ms_version", "opdump_version",
                                                                       "torch_version", "device_name"))
-        saved = (r.data_dump.get("common_dump_settings") or {}).get("saved_data") if r.data_dump else None
+        saved = (r.data_dump.get("common_dump_settings") or {}).get("saved_data", "tensor") if r.data_dump else None
         field = "saved_data"
         if r.data_dump and isinstance(r.data_dump.get("dump"), dict):     # an ACL/torchair JSON: its own field
             field, saved = "dump_data", r.data_dump["dump"].get("dump_data", "tensor")
