@@ -136,22 +136,35 @@ def _str_texts(col) -> List[str]:
     return per_distinct(field, col.tolist())
 
 
-def write_table_csv(table, path: str) -> None:
-    """Write ``table`` (no index) as CSV at ``path``: the bytes pandas would write (module
-    doc); a dtype or cell this writer does not know hands the whole frame to pandas."""
+def _fields(table) -> Optional[List[List[str]]]:
+    """The CSV fields of every column of ``table`` (column by column), or None when a
+    column name, dtype or cell is not one this writer knows."""
     cols: List[List[str]] = []
-    if not len(table.columns) or not table.columns.is_unique:
-        table.to_csv(path, index=False, errors="backslashreplace")
-        return
     for name in table.columns:
         txt = column_texts(table[name])
         if txt is None or not isinstance(name, str):
-            table.to_csv(path, index=False, errors="backslashreplace")
-            return
+            return None
         cols.append(txt)
+    return cols
+
+
+def write_table_csv(table, path: str) -> None:
+    """Write ``table`` (no index) as CSV at ``path``: the bytes pandas would write (module
+    doc); a dtype or cell this writer does not know hands the whole frame to pandas.  A
+    large table's second half of rows is made by a forked child meanwhile when a CPU is
+    idle (:mod:`.csv_halves`: the same bytes)."""
+    from .csv_halves import rows_text, write_rows_in_halves
+    if not len(table.columns) or not table.columns.is_unique or not all(isinstance(c, str) for c in table.columns):
+        table.to_csv(path, index=False, errors="backslashreplace")
+        return
     header = ",".join(_quote(str(c)) for c in table.columns)
     with open(path, "w", encoding="utf-8", errors="backslashreplace", newline="") as f:
         f.write(header + "\n")
-        if len(table) and cols:
-            f.write("\n".join(map(",".join, zip(*cols))))
-            f.write("\n")
+        done = write_rows_in_halves(table, f, _fields)
+        if done is None:
+            cols = _fields(table)
+            if cols is not None and len(table):
+                f.write(rows_text(cols))
+            done = cols is not None
+    if not done:
+        table.to_csv(path, index=False, errors="backslashreplace")
