@@ -40,7 +40,8 @@ last_pid = 0
 def enabled() -> bool:
     """Whether B is read by a child (module doc): ``OPDUMP_COMPARE_PARALLEL_OPEN`` ``1``
     forces it, ``0`` turns it off, unset leaves it to an idle CPU; never off Linux or with
-    other Python threads running (forking them is unsafe)."""
+    other Python threads running (forking them is unsafe).  The same rule decides whether a
+    large CSV table's second half is made by a child (:mod:`.csv_halves`)."""
     switch = os.environ.get("OPDUMP_COMPARE_PARALLEL_OPEN", "")
     if switch == "0" or not sys.platform.startswith("linux") or not hasattr(os, "fork"):
         return False
