@@ -154,3 +154,60 @@ def test_layout_with_will_need_is_the_same_layout(tmp_path):
         f.truncate(1 << 20)
     with pytest.raises(ValueError, match="truncated"):
         N.npy_layout(str(pb), 1 << 30)
+
+
+# ------------------------------------------------------------------ tensor file names
+_TOKEN = st.one_of(
+    st.sampled_from(["input", "output", "Conv2D", "Default", "DefaultFormat", "Float32", "BFloat16", "Parameter",
+                     "0", "1", "12", "-3", "--4", "007", "", "²", "٣", "x-1", "op12", "npy", "\n", "a\nb"]),
+    st.text(alphabet="ab-_/0123456789²٣\n", min_size=0, max_size=6),
+    st.integers(-20, 10 ** 16).map(str))
+
+
+_INT = st.one_of(st.integers(-20, 10 ** 16).map(str), _TOKEN)
+_IO = st.one_of(st.sampled_from(["input", "output"]), _TOKEN)
+
+
+@st.composite
+def _names(draw):
+    """Mostly the full form with each field valid or not, sometimes a free token list."""
+    if draw(st.integers(0, 4)) == 0:
+        return draw(st.lists(_TOKEN, min_size=0, max_size=14))
+    toks = [draw(_TOKEN)] + draw(st.lists(_TOKEN, min_size=0, max_size=3))       # op_type, op_name (dots)
+    toks += [draw(_INT), draw(_INT), draw(_INT), draw(_IO), draw(_INT), draw(_TOKEN)]
+    if draw(st.booleans()):
+        toks.append(draw(_TOKEN))                                                 # the dtype field
+    return toks
+
+
+@settings(max_examples=600, deadline=None)
+@given(toks=_names(), ext=st.sampled_from([".npy", ".npy", ".npy", ".json", "", ".NPY"]))
+def test_name_fields_equal_parse_tensor_name(toks, ext):
+    """The scan's regular-expression parse gives parse_tensor_name's fields for any name, or
+    raises where it raises (generated names: every token form the format and other tools use,
+    dots inside op names, signs, non-ASCII digits, newlines)."""
+    from opdump.analysis.reader.names_fast import fields_of, tensor_name_fields
+    from opdump.format.files import parse_tensor_name
+    name = ".".join(toks) + ext
+    try:
+        want = fields_of(parse_tensor_name(name))
+    except ValueError as e:
+        with pytest.raises(type(e)):
+            tensor_name_fields(name)
+        return
+    assert tensor_name_fields(name) == want
+
+
+@settings(max_examples=200, deadline=None)
+@given(op=st.text(alphabet="abc._-/0123456789", min_size=1, max_size=30), task=st.integers(-5, 10 ** 6),
+       stream=st.integers(-5, 99), ts=st.integers(0, 10 ** 18), io=st.sampled_from(["input", "output"]),
+       slot=st.integers(0, 300), dtype=st.sampled_from(["Float32", "BFloat16", "Int64", "Bool", ""]),
+       mapped=st.booleans())
+def test_resolved_fields_equal_resolve_mapped(op, task, stream, ts, io, slot, dtype, mapped):
+    """Well-formed names (dotted op names included), directly or through mapping.csv."""
+    from opdump.analysis.reader.names_fast import fields_of, resolved_fields
+    from opdump.format.files import resolve_mapped
+    name = f"Add.{op}.{task}.{stream}.{ts}.{io}.{slot}.DefaultFormat.{dtype}.npy"
+    mapping = {"123456.npy": name, "777": name} if mapped else {}
+    for n in (name, "123456.npy", "777.npy", "9.npy"):
+        assert resolved_fields(n, mapping) == fields_of(resolve_mapped(n, mapping))

@@ -20,6 +20,7 @@ from ...format import layout as fl
 from ...format.listing import parse_graph_json
 from ...format.names import kind_of_name, op_type_of, scope_of
 from .names_cache import sanitize
+from .names_fast import resolved_fields
 from .containers import Graph, Iteration, Rank
 from .bins import bin_tensor_files
 from .files import TensorFile
@@ -197,8 +198,12 @@ def scan_iteration(it: Iteration, memo: Optional[Dict[tuple, Any]] = None) -> No
         mapping = ff.parse_mapping(_read_text(mp))
     order_name = fl.execution_order_file_name(it.graph)
     files: List[TensorFile] = []
+    npy_ext = "." + ff.NPY
     for e in os.scandir(it.path):
         name = e.name
+        if name.endswith(npy_ext) and name != order_name:      # a tensor file: the common case first
+            _add_npy(it, e, name, mapping, files)
+            continue
         if name == ff.STATISTIC_FILE:
             if columns_enabled():                    # columns, the rows a view (stat_table)
                 it.stats = StatRows(StatColumns(*read_statistic_columns(Path(e.path), memo), it.net))
@@ -216,27 +221,14 @@ def scan_iteration(it: Iteration, memo: Optional[Dict[tuple, Any]] = None) -> No
             if d is not None:
                 it.kernel_args[op_name] = d
             continue
-        if not name.endswith("." + ff.NPY):
+        if not name.endswith(npy_ext):
             bins = bin_tensor_files(it, e.path, mapping.get(name, name))    # Ascend bin file
             if bins is not None:
                 files.extend(bins)
             elif ff.is_raw_name(mapping.get(name, name)):
                 it.raw_files.append(e.path)                                 # unreadable bin file
             continue
-        parsed = ff.resolve_mapped(name, mapping)
-        if parsed is None:
-            continue
-        kind = "op"
-        if parsed.is_parameter:
-            kind = "constant" if it.iteration is None else "parameter"
-        try:
-            size = e.stat().st_size
-        except OSError:
-            size = 0
-        files.append(TensorFile(e.path, it.rank, it.net, it.graph, it.iteration,
-                                parsed.op_type, parsed.op_name, parsed.op_name,
-                                parsed.task_id, parsed.stream_id, parsed.timestamp,
-                                parsed.io, parsed.slot, parsed.format, parsed.dtype, kind, size))
+        _add_npy(it, e, name, mapping, files)
     files.sort(key=lambda t: (t.timestamp, t.op_file, t.io != "input", t.slot))
     counters: Dict[Tuple[str, str, int], int] = {}
     for t in files:
@@ -255,6 +247,24 @@ def scan_iteration(it: Iteration, memo: Optional[Dict[tuple, Any]] = None) -> No
         k = (sanitize(r.get("op", "")), r.get("io", ""), r.get("slot", 0))
         r["call"] = sc.get(k, 0)
         sc[k] = r["call"] + 1
+
+
+def _add_npy(it: Iteration, e, name: str, mapping: Dict[str, str], files: List[TensorFile]) -> None:
+    """The :class:`TensorFile` of a ``.npy`` folder entry (nothing when its name is not a
+    tensor file name); fields parsed by :func:`.names_fast.resolved_fields`."""
+    parsed = resolved_fields(name, mapping)
+    if parsed is None:
+        return
+    op_type, op_name, task, stream, ts, io, slot, fmt, dtype = parsed
+    kind = "op"
+    if op_type == ff.PARAMETER_TYPE:
+        kind = "constant" if it.iteration is None else "parameter"
+    try:
+        size = e.stat().st_size
+    except OSError:
+        size = 0
+    files.append(TensorFile(e.path, it.rank, it.net, it.graph, it.iteration, op_type, op_name, op_name,
+                            task, stream, ts, io, slot, fmt, dtype, kind, size))
 
 
 # ------------------------------------------------------------------ names
