@@ -211,3 +211,77 @@ def test_resolved_fields_equal_resolve_mapped(op, task, stream, ts, io, slot, dt
     mapping = {"123456.npy": name, "777": name} if mapped else {}
     for n in (name, "123456.npy", "777.npy", "9.npy"):
         assert resolved_fields(n, mapping) == fields_of(resolve_mapped(n, mapping))
+
+
+# ------------------------------------------------------------------ generated tensor dumps, end to end
+def _bf16(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded down to bfloat16's precision (stored as float32, named BFloat16)."""
+    return (np.ascontiguousarray(x, np.float32).view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
+
+
+def _write_pair_dumps(root) -> tuple:
+    """Two bare folders of tensor files (read as graph 0, iteration 0) covering the cases the
+    metric paths treat apart: many small pairs (batched), NaN/Inf at the same and at different
+    places, bf16 against fp32, empty, 0-d, identical bytes, a pair larger than one metric chunk
+    (streamed), integers, and an element-count mismatch."""
+    rng = np.random.default_rng(25)
+    a_dir, b_dir = root / "a", root / "b"
+    a_dir.mkdir()
+    b_dir.mkdir()
+    cases = []
+    for k in range(90):                                         # small pairs: batches in the workers
+        x = rng.standard_normal(int(rng.integers(1, 300))).astype(np.float32)
+        y = x * np.float32(1 + 1e-6) if k % 3 else x.copy()
+        cases.append((x, y, "Float32", "Float32"))
+    x = rng.standard_normal(64).astype(np.float32)
+    y = x.copy()
+    x[3], y[3] = np.nan, np.nan                                 # NaN at the same place
+    x[5], y[9] = np.inf, -np.inf                                # Inf at different places
+    cases.append((x, y, "Float32", "Float32"))
+    x = rng.standard_normal(500).astype(np.float32)
+    cases.append((_bf16(x), x, "BFloat16", "Float32"))           # bf16 against fp32
+    cases.append((np.zeros((0,), np.float32), np.zeros((0,), np.float32), "Float32", "Float32"))
+    cases.append((np.array(2.5, np.float32), np.array(2.5000002, np.float32), "Float32", "Float32"))   # 0-d
+    big = rng.standard_normal(200_000).astype(np.float32)       # more than one metric chunk
+    cases.append((big, big + np.float32(1e-4), "Float32", "Float32"))
+    cases.append((np.arange(40, dtype=np.int64), np.arange(40, dtype=np.int64)[::-1].copy(), "Int64", "Int64"))
+    cases.append((np.zeros(8, np.float32), np.ones(8, np.float32), "Float32", "Float32"))
+    cases.append((np.zeros(8, np.float32), np.zeros(9, np.float32), "Float32", "Float32"))   # counts differ
+    for k, (x, y, da, db) in enumerate(cases):
+        for d, arr, dt in ((a_dir, x, da), (b_dir, y, db)):
+            np.save(d / f"Add.Default_add-op{k}.0.0.{1000 + k}.output.0.DefaultFormat.{dt}.npy", arr)
+    return a_dir, b_dir, len(cases)
+
+
+def _same(x, y) -> bool:
+    if isinstance(x, float) and isinstance(y, float) and x != x and y != y:
+        return True
+    return x == y or (x is None and y != y) or (y is None and x != x)
+
+
+def test_generated_dumps_pool_and_in_process_agree_with_pair_metrics(tmp_path):
+    """The whole compare, in process and through the worker pool (forked inside the collector
+    freeze), gives the same table, and every tensor pair's metrics are pair_metrics' of its two
+    files to the last digit (the per-pair reference path)."""
+    import pandas as pd
+    from opdump.analysis.compare import compare
+    from opdump.analysis.compare.verdict import verdict_for_metrics
+    from opdump.analysis.metrics import pair_metrics
+    a_dir, b_dir, n = _write_pair_dumps(tmp_path)
+    one = compare(str(a_dir), str(b_dir), workers=1, progress=False).table
+    pool = compare(str(a_dir), str(b_dir), workers=2, parallel_min=1, progress=False).table
+    pd.testing.assert_frame_equal(one, pool)
+    assert len(one) == n + 1 and gc.get_freeze_count() == 0     # the count mismatch: unpaired on each side
+    keys = ["cosine", "max_abs_err", "max_rel_err", "mean_abs_err", "rmse", "euclidean", "within_1e-3",
+            "within_5e-3", "nonfinite_mismatch"]
+    seen = set()
+    for row in one.to_dict("records"):
+        seen.add(row["verdict"])
+        if not isinstance(row["path_a"], str) or not isinstance(row["path_b"], str):
+            assert row["verdict"] == "unmatched"          # shapes of different counts: never paired
+            continue
+        m = pair_metrics(row["path_a"], row["path_b"])
+        for k in keys:
+            assert _same(row[k], m[k]), (row["op"], k, row[k], m[k])
+        assert row["verdict"] == verdict_for_metrics(m)[0], row["op"]
+    assert {"pass", "diverged", "unmatched"} <= seen

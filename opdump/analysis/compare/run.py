@@ -284,10 +284,11 @@ def compare(a: Union[str, os.PathLike, Dump], b: Union[str, os.PathLike, Dump], 
         p.source = sources(p)[0]
     compared = [p for p in pairs if p.identical is not None or (p.matched and p.mode and p.verdict
                                                                  not in ("unreadable", "unmatched"))]
-    same = bool(compared) and all(p.same_dtype for p in compared)
+    same_flags = [p.same_dtype for p in compared]          # once per pair (a property: not cached)
+    same = bool(compared) and all(same_flags)
     fdiff, nondet_d = first_difference(pairs, sources) if same else (None, [])
     fdiv, nondet, params = first_divergence(pairs, sources)
-    rule, note = rule_of(same, sum(1 for p in compared if not p.same_dtype), len(compared), thresholds)
+    rule, note = rule_of(same, same_flags.count(False), len(compared), thresholds)
     result = _result(da, db, pairs, rank_pairs, all_it_pairs, thresholds, pd)
     result.first_divergence, result.diverged_parameters = fdiv, params
     result.nondeterministic_before = nondet_d if same and fdiff is not None else nondet
