@@ -159,3 +159,26 @@ def test_ls_shows_the_default_saved_data_of_a_config_that_leaves_it_out(tmp_path
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "saved_data=tensor;" in out.stdout, out.stdout
+
+
+def test_launcher_runs_a_module_of_the_current_folder_like_python_m(tmp_path):
+    """``opdump run -m pkg.train`` from the folder holding ``pkg`` (the README's launcher line):
+    was ModuleNotFoundError through the ``opdump`` command, whose sys.path[0] is its bin folder;
+    ``python -m`` puts the current folder first, and so does the launcher now."""
+    import json
+    import subprocess
+    import sys
+    command = os.path.join(os.path.dirname(sys.executable), "opdump")
+    if not os.path.exists(command):
+        pytest.skip("the opdump console script is not installed beside this Python (pip install -e .)")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "train.py").write_text(
+        "import torch\nm = torch.nn.Linear(3, 2)\nm(torch.randn(2, 3)).sum().backward()\nprint('trained')\n")
+    cfg = tmp_path / "data_dump.json"
+    cfg.write_text(json.dumps({"common_dump_settings": {"path": str(tmp_path / "dump"), "iteration": "0"}}))
+    out = subprocess.run([command, "run", "--config", str(cfg), "-m", "pkg.train"], cwd=str(tmp_path),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "trained" in out.stdout
+    assert os.path.isdir(tmp_path / "dump" / "rank_0" / "Net" / "0" / "0")

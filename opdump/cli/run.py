@@ -102,6 +102,7 @@ def main_run(argv: List[str]) -> int:
         try:
             if args.module:
                 sys.argv = [args.module, *args.args]
+                sys.path.insert(0, os.getcwd())        # as `python -m` does
                 runpy.run_module(args.module, run_name="__main__", alter_sys=True)
             else:
                 script = os.path.abspath(args.script)
