@@ -19,7 +19,7 @@ import math
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from opdump.analysis.reader import stat_split
@@ -59,6 +59,7 @@ def _check(text: str) -> bool:
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example([["", "", ""], ["", "", ""], [""]], True)       # a last row '""' with no line end: a row, not the end
 @given(st.lists(st.lists(_CELL, min_size=1, max_size=5), min_size=1, max_size=6), st.booleans())
 def test_split_is_the_csv_module_or_none(rows, quote_all):
     if quote_all:
@@ -89,7 +90,9 @@ def test_texts_it_leaves_to_the_csv_module():
                  'a,b\n1,2\n\n3,4\n',        # a blank line
                  'a,b\n1,2,3\n',             # a row wider than the header
                  'a,b\n1\0,2\n',             # a NUL
-                 'a,b\n']:                   # no row
+                 'a,b\n',                    # no row
+                 'a,b,c\n"",""\n""',           # a last row '""' (one empty field), no line end
+                 'a\n""\n']:                  # a row of one quoted empty field
         assert split_columns(text) is None, repr(text)
 
 

@@ -62,13 +62,14 @@ def split_columns(text: str, width_of=None) -> Optional[Tuple[List[str], List[Tu
         return None
     if len(text) >= csv.field_size_limit():
         return None                                # a field might be over the csv module's limit
+    ends = text.endswith("\n")                     # before unquoting: a last row '""' is a row
     quoted = '"' in text
     if quoted:
         text = _unquote(text)
         if text is None:
             return None                            # a quote csv reads by rules not copied here
     lines = text.split("\n")
-    if lines[-1] == "":
+    if ends:
         lines.pop()                                # the last line's end
     if len(lines) < 2 or "" in lines:
         return None                                # a blank line: the csv module gives no field there
