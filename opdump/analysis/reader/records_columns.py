@@ -127,13 +127,14 @@ def _iteration_columns(rid, it, g, skip, memo: _Memo) -> Optional[Tuple[int, Dic
     if got is None:
         return None
     ofs, types, kinds, ops = got
-    cols: Dict[str, List[Any]] = {
-        "rank": [rid] * n, "net": [it.net] * n, "graph": [it.graph] * n, "iteration": [it.iteration] * n,
+    cols: Dict[str, Any] = {
+        "rank": _Same(rid, n), "net": _Same(it.net, n), "graph": _Same(it.graph, n),
+        "iteration": _Same(it.iteration, n),
         "op": list(ops), "op_file": list(ofs), "op_type": list(types), "kind": list(kinds),
         "io": ios, "slot": slots, "call": calls, "dtype": t.get("dtype"),
         "format": t.get("format", "DefaultFormat"), "timestamp": t.get("timestamp", 0),
-        "task_id": t.get("task_id", 0), "stream_id": t.get("stream_id", 0), "path": [None] * n,
-        "nbytes": [0] * n, "stat_row": [True] * n,
+        "task_id": t.get("task_id", 0), "stream_id": t.get("stream_id", 0), "path": _Same(None, n),
+        "nbytes": _Same(0, n), "stat_row": _Same(True, n),
     }
     for k in t.keys:
         if k not in skip:
@@ -197,6 +198,37 @@ def exec_index_columns(kinds: List[str], op_files: List[str], calls: List[int], 
 _TYPED = {int: "int64", float: "float64", bool: "bool"}
 
 
+class _Same:
+    """A folder's column holding one value ``n`` times (rank, graph, iteration…), kept as
+    that value: :func:`_frame` makes the typed array without a list of ``n`` cells."""
+
+    __slots__ = ("value", "n")
+
+    def __init__(self, value: Any, n: int):
+        self.value, self.n = value, n
+
+    def cells(self) -> List[Any]:
+        return [self.value] * self.n
+
+
+def _same_array(parts: List[Any]):
+    """The array :func:`typed_array` makes of the cells of ``parts`` when every part is a
+    :class:`_Same` whose value is of one and the same type among int (fitting int64), float
+    and bool; else None."""
+    import numpy as np
+    if not parts or not all(type(p) is _Same for p in parts):
+        return None
+    t = type(parts[0].value)
+    dt = _TYPED.get(t)
+    if dt is None or any(type(p.value) is not t for p in parts):
+        return None
+    if t is int and not all(-(1 << 63) <= p.value < (1 << 63) for p in parts):
+        return None                        # beyond int64: pandas decides
+    if len(parts) == 1:
+        return np.full(parts[0].n, parts[0].value, dtype=dt)
+    return np.concatenate([np.full(p.n, p.value, dtype=dt) for p in parts])
+
+
 def typed_array(cells: List[Any]):
     """``cells`` as pandas' ``convert_object_array`` converts them when they are all of one
     type among int (int64 when every one fits), float and bool -- the same array built
@@ -233,13 +265,17 @@ def _frame(parts: List[Tuple[int, Dict[str, List[Any]]]]):
     generic: List[str] = []
     arrays = []
     for k in order:
+        arr = _same_array([cols.get(k) for _, cols in parts])
+        if arr is not None:
+            out[k] = arr
+            continue
         cells: List[Any] = []
         for n, cols in parts:
             c = cols.get(k)
             if c is None:
                 cells.extend([_NAN] * n)
             else:
-                cells.extend(c)
+                cells.extend(c.cells() if type(c) is _Same else c)
         arr = typed_array(cells)
         if arr is not None:
             out[k] = arr
