@@ -127,35 +127,6 @@ def test_verdict_memos_answer_as_the_functions(op_type, io, slot):
         assert V._tolerance(d, V.Thresholds(same_rtol=1e-3)) == V.same_dtype_tolerance(d, V.Thresholds(same_rtol=1e-3))
 
 
-# ------------------------------------------------------------------ cold-cache prefetch
-def test_prefetch_plan_takes_the_largest_files_up_to_the_budget(monkeypatch):
-    from opdump.analysis.compare import run as R
-    monkeypatch.setattr(R, "PREFETCH_BYTES", 1000)
-    plan = R._prefetch_plan(["a", "b", "c", "d", "e"], [100, 700, 0, 500, 50])
-    assert plan == {"b": 700, "d": 300}          # largest first, the last one cut to the budget
-    assert R._prefetch_plan(["a"], None) == {} and R._prefetch_plan([], []) == {}
-
-
-def test_layout_with_will_need_is_the_same_layout(tmp_path):
-    """Announcing a file's data to the kernel changes nothing in what is read (a large file,
-    past the read-ahead size; a small one; a truncated one still reported)."""
-    big = np.arange(300_000, dtype=np.float32).reshape(600, 500)
-    small = np.ones((3,), np.float64)
-    pb, ps = tmp_path / "big.npy", tmp_path / "small.npy"
-    np.save(pb, big)
-    np.save(ps, small)
-    for p in (pb, ps):
-        assert N.npy_layout(str(p), 1 << 30) == N.npy_layout(str(p))
-    from opdump.analysis.compare.run import _layouts
-    got = _layouts([str(pb), str(ps), str(tmp_path / "missing.npy")], [os.path.getsize(pb), 10, 0])
-    assert got[0] == N.npy_layout(str(pb)) and got[1] == N.npy_layout(str(ps))
-    assert isinstance(got[2], OSError)
-    with open(pb, "r+b") as f:
-        f.truncate(1 << 20)
-    with pytest.raises(ValueError, match="truncated"):
-        N.npy_layout(str(pb), 1 << 30)
-
-
 # ------------------------------------------------------------------ tensor file names
 _TOKEN = st.one_of(
     st.sampled_from(["input", "output", "Conv2D", "Default", "DefaultFormat", "Float32", "BFloat16", "Parameter",

@@ -40,36 +40,12 @@ class CompareError(ValueError):
     """Nothing to compare (empty dump, no common iteration, nothing matched)."""
 
 
-#: bytes per side whose reading :func:`_layouts` starts while it reads the headers (the largest
-#: files first: the metric workers start with the largest pairs).  On a cold cache the kernel
-#: loads them while compare matches and judges; page cache only, no process memory.
-PREFETCH_BYTES = 256 << 20
-
-
-def _prefetch_plan(paths: List[str], sizes: Optional[List[int]]) -> Dict[str, int]:
-    """path -> bytes to announce as about to be read: the largest files first, up to
-    :data:`PREFETCH_BYTES` in all."""
-    if not sizes:
-        return {}
-    plan: Dict[str, int] = {}
-    left = PREFETCH_BYTES
-    for size, p in sorted(zip(sizes, paths), key=lambda x: -x[0]):
-        if left <= 0 or size <= 0:
-            break
-        plan[p] = min(size, left)
-        left -= size
-    return plan
-
-
-def _layouts(paths: List[str], sizes: Optional[List[int]] = None) -> List[Any]:
+def _layouts(paths: List[str]) -> List[Any]:
     """:func:`npy_layout` of every path (the exception where one cannot be read), read by a few
-    threads: the time goes into open/pread system calls, which run without the GIL.
-    ``sizes``: the files' sizes (the reader's), for :func:`_prefetch_plan`."""
-    plan = _prefetch_plan(paths, sizes)
-
+    threads: the time goes into open/pread system calls, which run without the GIL."""
     def one(p: str) -> Any:
         try:
-            return npy_layout(p, plan.get(p, 0)) if plan else npy_layout(p)
+            return npy_layout(p)
         except Exception as e:  # noqa: BLE001 - reported, never raised
             return e
     if len(paths) < 64:
@@ -102,7 +78,7 @@ def tensors_of_records(rec) -> List[Tensor]:
     rec = rec[rec["iteration"].notna() | (rec["kind"] == "constant")]
     out = make_tensors(rec)                   # Tensor(row) per record, built column-wise (.fields)
     with_file = [t for t in out if t.path]
-    for t, lay in zip(with_file, _layouts([t.path for t in with_file], [t.nbytes for t in with_file])):
+    for t, lay in zip(with_file, _layouts([t.path for t in with_file])):
         if isinstance(lay, Exception):
             t.problem = str(lay) or type(lay).__name__
         else:

@@ -84,25 +84,13 @@ def _parse_header(raw: bytes, start: int, hlen: int) -> Optional[Tuple[Tuple[int
     return shape, m.group(2) == "True", dtype, start + hlen
 
 
-#: files at most this large are read whole by the kernel's own read-ahead on the header's read
-_READAHEAD_FREE = 128 << 10
-
-
-def _read_header(path: str, will_need: int = 0) -> Tuple[Layout, int]:
-    """The header's layout and the file's size; ValueError when the header cannot be read.
-    ``will_need``: announce the file's first ``will_need`` bytes to the kernel
-    (``posix_fadvise(WILLNEED)``, advice only) so that on a cold cache its data loads in the
-    background from now on."""
+def _read_header(path: str) -> Tuple[Layout, int]:
+    """The header's layout and the file's size; ValueError when the header cannot be read."""
     bincache.materialize(path)          # a tensor of an Ascend bin file: its .npy, written on first read
     fd = os.open(path, os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
         fast = _fast_header(os.pread(fd, 512, 0))
-        if will_need and size > _READAHEAD_FREE and _WILLNEED is not None:
-            try:
-                os.posix_fadvise(fd, 0, min(size, will_need), _WILLNEED)
-            except OSError:             # pragma: no cover - advice only
-                pass
     finally:
         os.close(fd)
     if fast is not None:                # shape already a tuple of ints, fortran a bool
@@ -153,12 +141,11 @@ def npy_header(path: str) -> Tuple[Tuple[int, ...], np.dtype]:
     return shape, dtype
 
 
-def npy_layout(path: str, will_need: int = 0) -> Layout:
+def npy_layout(path: str) -> Layout:
     """(shape, dtype, data offset, fortran order) of a ``.npy`` file whose size holds the data
     its header describes. Raises ValueError with the reason otherwise (bad magic, unreadable
-    header, object dtype, file shorter than the header says).  ``will_need``: bytes of the
-    file to announce to the kernel as about to be read (see :func:`_read_header`)."""
-    layout, size = _read_header(path, will_need)
+    header, object dtype, file shorter than the header says)."""
+    layout, size = _read_header(path)
     shape, dtype, offset, _fortran = layout
     if dtype.hasobject:
         raise ValueError("holds Python objects (never unpickled)")
