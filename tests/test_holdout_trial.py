@@ -19,6 +19,11 @@ and hand-written models with known faults. What broke, each with its regression 
 * ``opdump ls`` printed ``saved_data=?`` for a config that leaves ``saved_data`` out.
 * ``opdump run -m pkg.train`` through the ``opdump`` command could not import a package of the
   current folder (``python -m`` puts the current folder first on ``sys.path``).
+* Kernel-level graph dump (``graph_dump: "kernels"``): a kernel that writes in place into the
+  buffer of the extern call before it (DistilBERT's ``pre_classifier`` then ReLU: inductor's
+  ``buf26 = buf25  # reuse``) was dumped with that buffer's earlier values (the recorder's
+  same-tensor shortcut: a C++ kernel writes memory without bumping the version counter), and
+  ``opdump compare`` of that dump against an eager one reported a false divergence at the ReLU.
 * The eager overflow watch wrote an ``overflow.json`` for the iteration the last optimizer step
   opens, in which nothing runs (strict xfail until the overflow watch is fixed).
 """
@@ -208,3 +213,41 @@ def test_overflow_watch_writes_no_summary_for_an_iteration_without_operators(tmp
     folder = tmp_path / "dump" / "rank_0" / "Net" / "0"
     assert (folder / "1" / "overflow.json").exists()
     assert sorted(os.listdir(folder)) == ["0", "1"]
+
+
+# ---------------------------------------------------------------- kernel-level graph dump
+class _LinearRelu(nn.Module):
+    """DistilBERT's classifier head: inductor runs the ReLU in place on the addmm's output
+    buffer (``buf26 = buf25; del buf25  # reuse`` then ``cpp_fused_relu_3(buf26)``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.pre, self.out = nn.Linear(8, 8), nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.out(torch.relu(self.pre(x))).sum()
+
+
+def test_kernel_dump_of_an_in_place_kernel_holds_its_result_not_the_buffer_before(tmp_path):
+    """Was: the ReLU kernel's output file and statistics row held the addmm's values (negative
+    numbers): the recorder took the buffer for the tensor it had just recorded, unmodified
+    (a C++ kernel writes memory without bumping the version counter)."""
+    import glob
+    import numpy as np
+    torch.manual_seed(0)
+    cfg = write_config(tmp_path, common={"saved_data": "full", "iteration": "0"},
+                       extra={"opdump_settings": {"graph_dump": "kernels"}})
+    model = _LinearRelu()
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = torch.relu(model.pre(x)).numpy()
+    with opdump.Session(cfg) as s:
+        torch.compile(model, backend=s.backend())(x).backward()
+    folder = tmp_path / "dump" / "rank_0" / "Net" / "0" / "0"
+    relu = [f for f in glob.glob(str(folder / "cpp_fused_*relu*output.0.*.npy"))]
+    assert len(relu) == 1, sorted(os.listdir(folder))
+    np.testing.assert_array_equal(np.load(relu[0]), want)
+    stats = opdump.load(str(tmp_path / "dump")).statistics()
+    row = stats[stats.op.str.contains("cpp_fused_") & stats.op.str.contains("relu") & (stats.io == "output")
+                & (stats.graph == 0)]
+    assert len(row) == 1 and float(row["min"].iloc[0]) >= 0.0, row[["op", "min", "max"]]

@@ -243,6 +243,7 @@ def _observe(capture, session, compiled, lowered: fx.GraphModule, kind: str, ori
     ops = kernel_ops(calls, provenance, origins, lowered, code_path, kind, buffers)
     for op in ops:
         op.selected = session.selector.select(op)
+        op.mutates = True       # a kernel writes its buffers with no version bump, in place too (`buf26 = buf25  # reuse`)
     runtime = GraphRuntime(capture, session, graph_id, kind, ops, params, constants)
     capture.runtimes.append(runtime)
     layout = session.layout
