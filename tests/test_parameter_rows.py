@@ -1,5 +1,5 @@
 """Parameters recorded by ONE native row-sink call (``Recorder.record_parameters`` through
-``opdump/recorder/core.py`` ``_parameter_rows``) give exactly the rows and statistics of one
+``opdump/recorder/parameter_rows.py``) give exactly the rows and statistics of one
 call per parameter, and a list the sink does not take wholly falls back to that loop."""
 import pytest
 import torch
@@ -33,7 +33,7 @@ def _items():
 def _record(tmp_path, batched: bool, monkeypatch):
     tmp_path.mkdir()
     if not batched:
-        monkeypatch.setattr(core, "_parameter_rows", lambda *a: False)   # the one-call-per-parameter loop
+        monkeypatch.setattr(core, "parameter_rows", lambda *a: False)   # the one-call-per-parameter loop
     cfg = write_config(tmp_path, common={"iteration": "0", "saved_data": "statistic", "statistic_category": STATS},
                        e2e={"stat_calc_mode": "device"})
     with opdump.Session(cfg) as session:

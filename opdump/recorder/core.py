@@ -25,11 +25,11 @@ from ..write.buffers import HostBuffers, HostCopy
 from ..write.dtypes import to_numpy
 from ..write.statistic_csv import StatisticCsv
 from ..stats import StatsEngine
-from ..stats.contract import ROW_FIELDS
 from ..stats.device import tensor_version
 from ..debug.sample import sample_size, take_array
 from .copies import Clock, Seen, copy_out, stream_id_of
 from .held import HeldCopy, Holds
+from .parameter_rows import parameter_rows
 from .rows import ROW_BYTES, encode_batch, shape_text
 
 _UNRESOLVED = object()
@@ -41,24 +41,6 @@ def _holdable(tensor: torch.Tensor) -> bool:
     return (tensor.device.type == "cpu" and type(tensor) in (torch.Tensor, torch.nn.Parameter)
             and tensor.numel() > 0 and tensor.is_contiguous() and not tensor.is_conj() and not tensor.is_neg()
             and not tensor.is_quantized)
-
-
-_SLOT = ROW_FIELDS.index("slot")
-
-
-def _parameter_rows(sink, rows: list, items: Sequence[Tuple[str, torch.Tensor]], ts: int, recorder) -> bool:
-    """The rows of every parameter of ``items`` made by ONE native call (the native row sink;
-    the caller holds the recorder's lock): item k at timestamp ``ts + k``, slot 0, named by its
-    name: the rows and statistics one call per parameter gives (~7 us of Python saved per
-    parameter on the training thread).  False, having changed nothing, when the sink does not
-    take every item (the caller then records them one by one)."""
-    made: list = []
-    if sink.record(made, PARAMETER_TYPE, "", "output", ts, [t for _, t in items]) < 0:
-        return False
-    # the sink's row k is item k as slot k of one operator: its name and slot 0 put back
-    rows += [(PARAMETER_TYPE, items[r[_SLOT]][0]) + r[2:_SLOT] + (0,) + r[_SLOT + 1:] for r in made]
-    recorder.tensors_recorded += len(made)
-    return True
 
 
 class Recorder:
@@ -176,7 +158,7 @@ class Recorder:
             ts = self.clock(len(items))
             with self._lock:
                 rows = self._rows_of(folder)
-                if _parameter_rows(sink, rows, items, ts, self):
+                if parameter_rows(sink, rows, items, ts, self):
                     return
                 slow = []
                 for k, (name, tensor) in enumerate(items):

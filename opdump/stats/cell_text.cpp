@@ -164,49 +164,77 @@ void append_str(std::string& out, PyObject* obj) {
   if (!c) throw pybind11::error_already_set();
 }
 
-void integer(std::string& out, PyObject* obj) {
-  int overflow = 0;
-  long long i = 0;
-  if (PyLong_Check(obj)) {
-    i = PyLong_AsLongLongAndOverflow(obj, &overflow);
-  } else {
-    overflow = 1;
-  }
-  if (!overflow) {
-    char buf[32];
-    auto r = std::to_chars(buf, buf + sizeof buf, i);
-    out.append(buf, r.ptr);
-    return;
-  }
-  // anything else: str(int(obj)), exactly as Python does
-  PyObject* as_int = PyNumber_Long(obj);
-  if (!as_int) throw pybind11::error_already_set();
-  append_str(out, as_int);
-  Py_DECREF(as_int);
-}
-
 double as_double(PyObject* obj) {
   const double v = PyFloat_AsDouble(obj);
   if (v == -1.0 && PyErr_Occurred()) throw pybind11::error_already_set();
   return v;
 }
 
-// One cell: ``obj`` (None, int or float; str for text) of category ``kind``.
-void cell(std::string& out, PyObject* obj, int kind, int precision) {
-  if (obj == Py_None) return;
+// One cell's value, read from its Python object with the GIL held (read_cell), written as
+// text without it (put_cell): the writer thread formats thousands of numbers per step and
+// holds the GIL the training thread needs only while reading them.
+struct CellValue {
+  enum Tag : uint8_t { kNone, kElem, kRepr, kInt, kStr } tag = kNone;
+  int precision = 0;            // kElem: how the element is written (Precision)
+  double d = 0;
+  long long i = 0;
+  std::string text;             // kStr: str(obj) (a text cell, an int beyond 64 bits)
+};
+
+void read_int(CellValue& v, PyObject* obj) {
+  int overflow = 0;
+  if (PyLong_Check(obj)) {
+    v.i = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (!overflow) { v.tag = CellValue::kInt; return; }
+  }
+  // anything else: str(int(obj)), exactly as Python does
+  PyObject* as_int = PyNumber_Long(obj);
+  if (!as_int) throw pybind11::error_already_set();
+  v.tag = CellValue::kStr;
+  try {
+    append_str(v.text, as_int);
+  } catch (...) {
+    Py_DECREF(as_int);
+    throw;
+  }
+  Py_DECREF(as_int);
+}
+
+// ``obj`` (None, int or float; str for text) of category ``kind``.
+void read_cell(CellValue& v, PyObject* obj, int kind, int precision) {
+  if (obj == Py_None) { v.tag = CellValue::kNone; return; }
   switch (kind) {
-    case kElement: {
-      if (precision == kInteger) { integer(out, obj); return; }
-      const double v = as_double(obj);
-      if (v == 0) { out += "0.0"; return; }       // unsigned: see formatting.py
-      if (precision == kDouble) { repr_double(out, v); return; }
-      if (precision == kSingle) { numpy_str(out, static_cast<float>(v), kSingle); return; }
-      numpy_str(out, static_cast<double>(static_cast<_Float16>(v)), kHalf);
+    case kElement:
+      if (precision == kInteger) { read_int(v, obj); return; }
+      v.tag = CellValue::kElem;
+      v.precision = precision;
+      v.d = as_double(obj);
+      return;
+    case kComputed: v.tag = CellValue::kRepr; v.d = as_double(obj); return;
+    case kCount: read_int(v, obj); return;
+    default: v.tag = CellValue::kStr; append_str(v.text, obj);
+  }
+}
+
+// The text of a value read by read_cell (no Python object is touched: runs without the GIL).
+void put_cell(std::string& out, const CellValue& v) {
+  switch (v.tag) {
+    case CellValue::kNone: return;
+    case CellValue::kElem: {
+      if (v.d == 0) { out += "0.0"; return; }       // unsigned: see formatting.py
+      if (v.precision == kDouble) { repr_double(out, v.d); return; }
+      if (v.precision == kSingle) { numpy_str(out, static_cast<float>(v.d), kSingle); return; }
+      numpy_str(out, static_cast<double>(static_cast<_Float16>(v.d)), kHalf);
       return;
     }
-    case kComputed: repr_double(out, as_double(obj)); return;
-    case kCount: integer(out, obj); return;
-    default: append_str(out, obj);
+    case CellValue::kRepr: repr_double(out, v.d); return;
+    case CellValue::kInt: {
+      char buf[32];
+      auto r = std::to_chars(buf, buf + sizeof buf, v.i);
+      out.append(buf, r.ptr);
+      return;
+    }
+    case CellValue::kStr: out += v.text; return;
   }
 }
 
@@ -215,35 +243,52 @@ void cell(std::string& out, PyObject* obj, int kind, int precision) {
 // Per entry, its cells joined by ",".  An entry is a list of values in category order,
 // or the CPU kernel's tuple (max, min, sum, sum of squares, numel), whose values the
 // ``fused`` codes pick (avg = sum / numel, l2norm = sqrt(sum of squares), as device.py's _FUSED does).
+// The values are read with the GIL held, the text is written with it released.
 std::vector<std::string> format_cells(const pybind11::list& entries, const std::vector<int>& precisions,
                                       const std::vector<int>& kinds, const std::vector<int>& fused) {
   const size_t n = static_cast<size_t>(PyList_GET_SIZE(entries.ptr()));
   if (precisions.size() != n) throw std::invalid_argument("format_cells: one precision per entry");
   if (fused.size() != kinds.size()) throw std::invalid_argument("format_cells: one fused code per category");
-  std::vector<std::string> out(n);
   const size_t ncat = kinds.size();
+  std::vector<CellValue> values(n * ncat);
   for (size_t i = 0; i < n; ++i) {
     PyObject* e = PyList_GET_ITEM(entries.ptr(), i);
-    std::string& s = out[i];
-    s.reserve(16 * ncat);
     const bool is_fused = PyTuple_Check(e);
     if (is_fused && PyTuple_GET_SIZE(e) != kFusedFields) throw std::invalid_argument("format_cells: a fused entry has 5 values");
     if (!is_fused && (!PyList_Check(e) || static_cast<size_t>(PyList_GET_SIZE(e)) != ncat))
       throw std::invalid_argument("format_cells: an entry is a list of one value per category");
     for (size_t c = 0; c < ncat; ++c) {
-      if (c) s += ',';
+      CellValue& v = values[i * ncat + c];
       if (!is_fused) {
-        cell(s, PyList_GET_ITEM(e, c), kinds[c], precisions[i]);
+        read_cell(v, PyList_GET_ITEM(e, c), kinds[c], precisions[i]);
         continue;
       }
       PyObject* numel = PyTuple_GET_ITEM(e, kFieldNumel);
       switch (fused[c]) {
-        case kCatMax: cell(s, PyTuple_GET_ITEM(e, kFieldMax), kinds[c], precisions[i]); break;
-        case kCatMin: cell(s, PyTuple_GET_ITEM(e, kFieldMin), kinds[c], precisions[i]); break;
-        case kCatAvg: repr_double(s, as_double(PyTuple_GET_ITEM(e, kFieldSum)) / as_double(numel)); break;
-        case kCatL2: repr_double(s, std::sqrt(as_double(PyTuple_GET_ITEM(e, kFieldSumSq)))); break;
-        case kCatCount: integer(s, numel); break;
+        case kCatMax: read_cell(v, PyTuple_GET_ITEM(e, kFieldMax), kinds[c], precisions[i]); break;
+        case kCatMin: read_cell(v, PyTuple_GET_ITEM(e, kFieldMin), kinds[c], precisions[i]); break;
+        case kCatAvg:
+          v.tag = CellValue::kRepr;
+          v.d = as_double(PyTuple_GET_ITEM(e, kFieldSum)) / as_double(numel);
+          break;
+        case kCatL2:
+          v.tag = CellValue::kRepr;
+          v.d = std::sqrt(as_double(PyTuple_GET_ITEM(e, kFieldSumSq)));
+          break;
+        case kCatCount: read_int(v, numel); break;
         default: throw std::invalid_argument("format_cells: a category the CPU kernel does not give");
+      }
+    }
+  }
+  std::vector<std::string> out(n);
+  {
+    pybind11::gil_scoped_release unlocked;
+    for (size_t i = 0; i < n; ++i) {
+      std::string& s = out[i];
+      s.reserve(16 * ncat);
+      for (size_t c = 0; c < ncat; ++c) {
+        if (c) s += ',';
+        put_cell(s, values[i * ncat + c]);
       }
     }
   }
