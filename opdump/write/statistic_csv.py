@@ -23,7 +23,11 @@ control characters in a name (a NUL, a newline) are written as backslash escapes
 
 Inside a dump the file is reached through the dump's open folder (``tree``,
 :mod:`.safe_fs`): a symbolic link planted as ``statistic.csv`` or as one of its
-folders is refused, never appended through.
+folders is refused, never appended through.  A dump makes a new file per iteration
+folder, in the writer thread: an append there is one ``open``, one ``fstat`` (the
+regular-file check gives the size the header test needs) and one ``write``
+(:meth:`~.safe_fs.DumpTree.append`), and the header's text is made once per set of
+categories.
 """
 from __future__ import annotations
 
