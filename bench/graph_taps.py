@@ -11,7 +11,9 @@ dumping statistics of every operator every step — each block one untimed step 
 ``--per-round`` timed ones.  Ratios are median / median of plain eager in that same
 interleaving (wall and process CPU time); *over floor* = dump ratio − aot_eager ratio, the
 figure issue 24's target (≤ 0.15) is about; one JSON line per model and mode, plus the
-neighbours' load (cores other processes used meanwhile).
+neighbours' load (cores other processes used meanwhile), and ``writer_ms_per_step``: the CPU time
+opdump's writer threads spent per dumped step (statistic.csv text and writes; part of the process
+CPU above), from their thread CPU clocks.
 """
 from __future__ import annotations
 
@@ -25,6 +27,19 @@ import sys
 import tempfile
 import time
 import warnings
+
+
+def writer_cpu() -> float:
+    """Seconds of CPU used so far by the live ``opdump-writer`` threads of this process."""
+    import threading
+    total = 0.0
+    for t in threading.enumerate():
+        if t.name.startswith("opdump-writer") and t.ident is not None:
+            try:
+                total += time.clock_gettime(time.pthread_getcpuclockid(t.ident))
+            except (OSError, ValueError):
+                pass
+    return total
 
 
 def main() -> int:
@@ -72,6 +87,7 @@ def main() -> int:
                             gc.collect()
                             H.wait_quiet()
                             a = H.cpu_snapshot()
+                            w0 = writer_cpu()
                             for _ in range(args.rounds):
                                 for k, step in sides.items():
                                     step()
@@ -82,6 +98,7 @@ def main() -> int:
                                         cpu[k].append(time.process_time() - c0)
                             neighbours = H.others_cores(a, H.cpu_snapshot())
                             s.writer.flush()
+                            writer_ms = (writer_cpu() - w0) * 1e3 / (args.rounds * (per_round + 1))
                     torch._dynamo.reset()
                     shutil.rmtree(d, ignore_errors=True)
                     med = {k: statistics.median(v) for k, v in wall.items()}
@@ -98,7 +115,8 @@ def main() -> int:
                         "median_ms": {k: round(v * 1e3, 2) for k, v in med.items()},
                         "spread": {k: round((max(v) - min(v)) / statistics.median(v), 2) for k, v in wall.items()},
                         "neighbours": round(neighbours, 2), "steps_per_side": len(wall["dump"]),
-                        "tensors_per_step": tensors}), flush=True)
+                        "tensors_per_step": tensors,
+                        "writer_ms_per_step": round(writer_ms, 3)}), flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0

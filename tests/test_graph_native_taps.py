@@ -138,3 +138,102 @@ def test_a_closed_session_is_let_go_by_native_taps(tmp_path):
     gc.collect()
     assert ref() is None
     torch._dynamo.reset()
+
+
+# ---------------------------------------------------------------- native row text (rows.py, cell_text.cpp)
+class _TextSpy:
+    """Around the recorder's ``encode_batch`` (the real one still writes the file): every batch's
+    text made both ways, native (``encode_rows``) and Python, kept for the test to compare."""
+
+    def __init__(self, monkeypatch):
+        from opdump.recorder import core, rows
+        self.rows, self.pairs = rows, []
+        real = rows.encode_batch
+
+        def spy(stats, batch, device_cells):
+            encode = rows._native_encoder()
+            native_text = None if encode is None else rows._encode_native(encode, stats, batch, device_cells)
+            python_text = real(stats, batch, device_cells, native_text=False)
+            self.pairs.append((native_text, python_text))
+            return real(stats, batch, device_cells)
+
+        monkeypatch.setattr(core, "encode_batch", spy)
+
+
+ALL_CATEGORIES = ["max", "min", "avg", "count", "negative zero count", "positive zero count", "nan count",
+                  "negative inf count", "positive inf count", "zero count", "md5", "l2norm"]
+
+
+@pytest.mark.parametrize("mode,categories", [("device", None), ("host", None), ("device", ALL_CATEGORIES),
+                                             ("host", ALL_CATEGORIES)])
+def test_native_row_text_equals_the_python_text(tmp_path, monkeypatch, mode, categories):
+    """Every statistic.csv batch of a compiled model's dump (native taps for the default categories;
+    Python taps and host futures with md5), NaN/Inf values included, is written natively, and its
+    bytes are the Python path's."""
+    spy = _TextSpy(monkeypatch)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = Net()
+    with torch.no_grad():
+        model.fc.bias[0] = float("inf")             # Inf cells (fc.bias), NaN ones (inf - inf downstream)
+        model.fc.bias[1] = -float("inf")
+    common = {"saved_data": "statistic", "iteration": "0"}
+    if categories:
+        common["statistic_category"] = categories
+    cfg = write_config(tmp_path, common=common, e2e={"stat_calc_mode": mode})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with opdump.Session(cfg) as session:
+            _train(model, torch.compile(model, backend=session.backend("eager")), steps=1, session=session)
+    torch._dynamo.reset()
+    assert spy.pairs
+    for native_text, python_text in spy.pairs:
+        assert native_text is not None and native_text == python_text
+    text = b"".join(p for _, p in spy.pairs)
+    assert b"nan" in text and b"inf" in text
+    if categories:
+        assert len(text.split(b"\n")[0].split(b",")) >= 10 + len(categories)
+
+
+class _Named(nn.Module):
+    """A module name holding a comma, quotes and unicode; ``odd``: another one with a newline."""
+
+    def __init__(self, odd=""):
+        super().__init__()
+        self.first = 'fc,"ü"'
+        self.second = "tail" + odd
+        self.add_module(self.first, nn.Linear(4, 3))
+        self.add_module(self.second, nn.Linear(3, 2))
+
+    def forward(self, x):
+        return getattr(self, self.second)(torch.relu(getattr(self, self.first)(x)))
+
+
+def _eager_pairs(root, monkeypatch, model):
+    from opdump.capture.eager import EagerCapture
+    root.mkdir()
+    spy = _TextSpy(monkeypatch)
+    cfg = write_config(root, common={"saved_data": "statistic"}, e2e={"stat_calc_mode": "device"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with opdump.Session(cfg) as session, EagerCapture(session):
+            for _ in range(2):
+                model(torch.randn(2, 4)).sum().backward()
+                session.step()
+    monkeypatch.undo()
+    return spy.pairs
+
+
+def test_native_row_text_with_odd_names_equals_the_python_text(tmp_path, monkeypatch):
+    """Eager capture, names with commas, quotes and unicode: written natively, the Python path's
+    bytes; a batch holding a name with a control character is left to the Python path (None),
+    which escapes it."""
+    torch.manual_seed(0)
+    pairs = _eager_pairs(tmp_path / "quoted", monkeypatch, _Named())
+    assert pairs and b'""\xc3\xbc""' in b"".join(p for _, p in pairs)
+    for native_text, python_text in pairs:
+        assert native_text is not None and native_text == python_text
+    pairs = _eager_pairs(tmp_path / "newline", monkeypatch, _Named(odd="\nx"))
+    assert pairs and b"tail\\nx" in b"".join(p for _, p in pairs)
+    for native_text, python_text in pairs:
+        assert native_text == (None if b"tail\\nx" in python_text else python_text)

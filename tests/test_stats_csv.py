@@ -176,3 +176,79 @@ def test_rows_assembled_from_pieces_equal_csv_rows(op_type, op_name, shape, ts):
     import io
     [back] = list(csv.reader(io.StringIO(fast, newline="")))
     assert back == expected
+
+
+# ---------------------------------------------------------------- native row text
+# names with anything (commas, quotes, unicode, control characters: those the native encoder
+# leaves to the Python path, which escapes them)
+_ANY_NAMES = st.text(st.characters(blacklist_categories=("Cs",)), min_size=0, max_size=20)
+_CELLS = st.sampled_from(["1.5", "", "nan", "-inf", "inf", "0.0", "3", "d41d8cd98f00b204e9800998ecf8427e",
+                          "1e-05,2", "-1.25e+20"])
+
+
+def _native_encoder():
+    from opdump.stats import native
+    mod = native.module()
+    return getattr(mod, "encode_rows", None) if mod is not None else None
+
+
+@pytest.mark.skipif(_native_encoder() is None, reason="the native module is not built here "
+                    "(OPDUMP_CPU_KERNEL=0 or no compiler): the Python path is the only one")
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(_ANY_NAMES, _ANY_NAMES, st.sampled_from(["input", "output", 'o,"x"']),
+                          st.integers(0, 2**62), st.integers(0, 40), st.lists(st.integers(0, 9), max_size=4),
+                          st.sampled_from(["float32", "bfloat16", "int64", "bool", "float16", "uint8"]),
+                          st.one_of(st.none(), st.integers(0, 2))),
+                min_size=1, max_size=6),
+       st.lists(_CELLS, min_size=3, max_size=3), st.booleans())
+def test_native_row_text_equals_the_python_and_csv_text(items, cells, by_row):
+    """``encode_rows`` (cell_text.cpp) writes the bytes of the recorder's Python path and of the
+    csv module for every row it takes, and gives None (the Python path) only for a name holding a
+    control character."""
+    import torch
+    from opdump.format.dtypes import dtype_name
+    from opdump.format.names import escape_controls
+    from opdump.recorder import rows as rows_mod
+    encode = _native_encoder()
+    batch, expected = [], []
+    joined = [",".join(cells[:k + 1]) for k in range(3)]        # per handle: 1, 2, 3 cells
+    tails = []
+    for op_type, op_name, io, ts, slot, shape, dt, handle in items:
+        dtype = getattr(torch, dt)
+        nbytes = 4 * math.prod(shape)
+        shape_text = format_shape(shape)
+        batch.append((op_type, op_name, 0, ts, io, slot, nbytes, dtype, shape_text, handle, None))
+        tail = joined[handle] if handle is not None else ",,"
+        tails.append(tail)
+        expected.append([escape_controls(op_type), escape_controls(op_name), "0", "0", str(ts), io, str(slot),
+                         str(nbytes), dtype_name(dtype), shape_text])
+    cells_arg = tails if by_row else joined
+    got = encode(batch, cells_arg, by_row, ",,", {}, dtype_name)
+    # the csv module's bytes: the statistic cells are raw text (never quoted by the recorder)
+    reference = b"".join(mod.encode_rows([e]).rstrip(b"\n") + b"," + t.encode() + b"\n"
+                         for e, t in zip(expected, tails))
+    controls = any(escape_controls(s) != s for it in items for s in it[:2])
+    if controls:
+        assert got is None
+    else:
+        assert got == reference
+    # the recorder's Python path (rows.py) writes the same bytes
+    python = "".join(rows_mod.row_head(b[0], b[1], b[2]) + str(b[3])
+                     + rows_mod.row_middle(b[4], b[5], b[6], b[7], b[8]) + t + "\n"
+                     for b, t in zip(batch, tails)).encode("utf-8")
+    assert python == reference
+
+
+@pytest.mark.skipif(_native_encoder() is None, reason="the native module is not built here")
+def test_native_row_text_leaves_other_fields_to_python():
+    """A field that is not an exact int or str, or a handle out of range: None (the Python path)."""
+    import torch
+    from opdump.format.dtypes import dtype_name
+    encode = _native_encoder()
+    good = ("relu", "Default/a", 0, 5, "input", 0, 4, torch.float32, "(1)", 0, None)
+    assert encode([good], ["1.0"], False, "", {}, dtype_name) == b"relu,Default/a,0,0,5,input,0,4,Float32,(1),1.0\n"
+    for field, value in ((1, 3.5), (3, "5"), (3, True), (9, 1), (9, -1), (0, b"x")):
+        bad = list(good)
+        bad[field] = value
+        assert encode([tuple(bad)], ["1.0"], False, "", {}, dtype_name) is None, (field, value)
+    assert encode([good], ["1.0", "2.0"], True, "", {}, dtype_name) is None     # by row: one cell per row

@@ -29,6 +29,7 @@ from ..stats.device import tensor_version
 from ..debug.sample import sample_size, take_array
 from .copies import Clock, Seen, copy_out, stream_id_of
 from .held import HeldCopy, Holds
+from .parameter_rows import parameter_rows
 from .rows import ROW_BYTES, encode_batch, shape_text
 
 _UNRESOLVED = object()
@@ -157,6 +158,8 @@ class Recorder:
             ts = self.clock(len(items))
             with self._lock:
                 rows = self._rows_of(folder)
+                if parameter_rows(sink, rows, items, ts, self):
+                    return
                 slow = []
                 for k, (name, tensor) in enumerate(items):
                     recorded = sink.record(rows, PARAMETER_TYPE, name, "output", ts + k, (tensor,))
@@ -416,4 +419,4 @@ class Recorder:
             return csv
 
     def _write_rows(self, folder: str, batch, device_cells) -> None:
-        self._statistic_csv(folder).append_encoded(encode_batch(self.stats, batch, device_cells))
+        self._statistic_csv(folder).append_encoded(encode_batch(self.stats, batch, device_cells), len(batch))

@@ -215,7 +215,9 @@ class DeviceCells:
                 g = self._gathered
                 if formatter is not None and g is not None:
                     kinds, fused = native_codes(self._cats)
-                    self._joined = formatter(g.entries(), list(map(native_precision, g.dtypes)), kinds, fused)
+                    # one lookup per dtype, then a dict read per entry (no Python call per tensor)
+                    precision = {d: native_precision(d) for d in set(g.dtypes)}
+                    self._joined = formatter(g.entries(), list(map(precision.__getitem__, g.dtypes)), kinds, fused)
         if self._joined is None:
             joined = list(map(",".join, self.lists()))
             with self._lock:

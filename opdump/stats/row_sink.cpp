@@ -400,7 +400,14 @@ class GraphTaps {
 
 }  // namespace
 
+// cell_text.cpp: statistic.csv rows as text (registered here, beside the rows' makers)
+py::object encode_rows(const py::list& rows, const py::list& cells, bool by_row, const py::str& empty,
+                       const py::dict& names, const py::object& name_of);
+
 void register_row_sink(py::module& m) {
+  m.def("encode_rows", &encode_rows, py::arg("rows"), py::arg("cells"), py::arg("by_row"), py::arg("empty"),
+        py::arg("names"), py::arg("name_of"),
+        "the statistic.csv text (UTF-8 bytes) of queued rows and their cells, or None (the Python path writes them)");
   py::class_<RowSink>(m, "RowSink")
       .def(py::init<py::object, py::object>(), py::arg("memo"), py::arg("parameter_type"))
       .def("record", &RowSink::record, py::arg("base"), py::arg("op_type"), py::arg("name"), py::arg("io"),

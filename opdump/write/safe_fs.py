@@ -24,7 +24,7 @@ import shutil
 import stat
 import threading
 from collections import OrderedDict
-from typing import Callable, Iterator, Optional, Tuple
+from typing import Any, Callable, Iterator, Optional, Tuple
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
@@ -157,17 +157,27 @@ class DumpTree:
                 entry[1] -= 1
 
     def _checkout(self, path: str, parts: Tuple[str, ...], create: bool) -> list:
-        """[descriptor, users] of an open folder, one more user counted."""
+        """[descriptor, users] of an open folder, one more user counted.
+
+        A folder not open yet is reached from its nearest open ancestor (a new iteration
+        folder from its graph folder: one ``open`` instead of a walk from the rank folder),
+        that ancestor counted as used meanwhile so that it is not closed under the walk."""
         with self._lock:
             entry = self._open_dirs.get(path)
             if entry is not None:
                 entry[1] += 1
                 self._open_dirs.move_to_end(path)
                 return entry
-            fd = self.fd
+            fd, start, base = self.fd, 0, None
+            for i in range(len(parts) - 1, 0, -1):
+                base = self._open_dirs.get(self._prefix + os.sep.join(parts[:i]))
+                if base is not None:
+                    base[1] += 1
+                    fd, start = base[0], i
+                    break
         owned = False
         try:
-            for part in parts:
+            for part in parts[start:]:
                 nxt = _open_child_dir(fd, part, create, path)
                 if owned:
                     os.close(fd)
@@ -176,6 +186,10 @@ class DumpTree:
             if owned:
                 os.close(fd)
             raise
+        finally:
+            if base is not None:
+                with self._lock:
+                    base[1] -= 1
         with self._lock:
             other = self._open_dirs.get(path)
             if other is not None:               # opened by another thread meanwhile
@@ -277,6 +291,39 @@ class DumpTree:
                 yield fd
             finally:
                 os.close(fd)
+
+    def append(self, path: str, write: Callable[[int, int], Any]) -> Any:
+        """``write(fd, size)`` (its result returned) on ``path`` opened for appending (created when missing; ``size``:
+        its length before, from the one ``fstat`` that also refuses anything but a regular
+        file); a link there is refused, as by :meth:`open_append`.
+
+        The per-iteration path of statistic.csv (a new file per iteration folder): the open
+        folder is looked up by its path first, with no context manager, as :meth:`write_file` does."""
+        folder, _, name = os.fspath(path).rpartition(os.sep)
+        if name in ("", ".", ".."):
+            raise UnsafePath(errno.EINVAL, f"opdump refuses an unusual file name inside the dump: {path}")
+        with self._lock:
+            entry = self._open_dirs.get(folder)
+            if entry is not None:
+                entry[1] += 1
+        if entry is None:
+            parts = self.parts(folder)
+            entry = self._checkout(folder, parts, True) if parts else [self.fd, 1]
+        try:
+            try:
+                fd = os.open(name, _APPEND_FLAGS, 0o644, dir_fd=entry[0])
+            except OSError as exc:
+                raise _walk_error(exc, path) from None
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    raise UnsafePath(errno.EINVAL, f"opdump refuses a non-regular file inside the dump: {path}")
+                return write(fd, st.st_size)
+            finally:
+                os.close(fd)
+        finally:
+            with self._lock:
+                entry[1] -= 1
 
     def note_appended(self, rows: int, nbytes: int, new_file: bool) -> None:
         """Count rows appended to a text file (a new file counts as one file written)."""

@@ -23,16 +23,21 @@ control characters in a name (a NUL, a newline) are written as backslash escapes
 
 Inside a dump the file is reached through the dump's open folder (``tree``,
 :mod:`.safe_fs`): a symbolic link planted as ``statistic.csv`` or as one of its
-folders is refused, never appended through.
+folders is refused, never appended through.  A dump makes a new file per iteration
+folder, in the writer thread: an append there is one ``open``, one ``fstat`` (the
+regular-file check gives the size the header test needs) and one ``write``
+(:meth:`~.safe_fs.DumpTree.append`), and the header's text is made once per set of
+categories.
 """
 from __future__ import annotations
 
 import contextlib
 import csv
+import functools
 import io
 import os
 import threading
-from typing import TYPE_CHECKING, Iterable, List, Optional, Sequence
+from typing import TYPE_CHECKING, Iterable, List, Optional, Sequence, Tuple
 
 from ..format.names import escape_controls
 from ..format.statistics import statistic_header
@@ -50,8 +55,17 @@ _LOCKS = tuple(threading.Lock() for _ in range(64))
 
 def _lock_for(path: str) -> threading.Lock:
     # abspath, not realpath: no system call (realpath stats every component, ~30 us, in the
-    # writer thread at every new iteration); opdump names each file by one path only
-    return _LOCKS[hash(os.path.abspath(path)) % len(_LOCKS)]
+    # writer thread at every new iteration); opdump names each file by one path only, an
+    # absolute one (a dump's paths are), which is taken as it is
+    return _LOCKS[hash(path if path.startswith(os.sep) else os.path.abspath(path)) % len(_LOCKS)]
+
+
+@functools.lru_cache(maxsize=64)
+def _header(categories: Tuple[str, ...]) -> Tuple[Tuple[str, ...], bytes]:
+    """The header cells and their CSV line, made once per set of categories (a dump makes a new
+    statistic.csv per iteration folder, in the writer thread)."""
+    header = tuple(statistic_header(categories))
+    return header, encode_rows([header])
 
 
 def encode_rows(rows: Iterable[Sequence]) -> bytes:
@@ -75,10 +89,11 @@ class StatisticCsv:
     def __init__(self, path: str, categories: Sequence[str], tree: Optional["DumpTree"] = None):
         self.path = os.fspath(path)
         self._tree = tree
-        self.header: List[str] = statistic_header(categories)
-        self._header_bytes = encode_rows([self.header])
+        header, self._header_bytes = _header(tuple(categories))
+        self.header: List[str] = list(header)
         self._lock = _lock_for(self.path)
         self._header_ok = False         # the file's header was written or checked by us
+        self._created = False           # the last append started the file (its header written)
 
     def append_rows(self, rows: List[Sequence]) -> None:
         """Append complete rows (each as long as the header) in one write."""
@@ -91,31 +106,43 @@ class StatisticCsv:
             return
         self.append_encoded(encode_rows(rows))
 
-    def append_encoded(self, body: bytes) -> None:
+    def append_encoded(self, body: bytes, rows: Optional[int] = None) -> None:
         """Append rows already encoded as CSV lines (each complete and ``\\n``-terminated:
-        the caller guarantees the width, see :func:`encode_fields`) in one write."""
+        the caller guarantees the width, see :func:`encode_fields`) in one write; ``rows``:
+        how many lines ``body`` holds, when the caller knows (else they are counted)."""
         if not body:
             return
         try:
-            self._append(body)
+            self._append(body, body.count(b"\n") if rows is None else rows)
         except OSError as exc:
             if exc.filename is None:
                 exc.filename = self.path           # name the file in the warning and the manifest
             raise
 
-    def _append(self, body: bytes) -> None:
-        with self._lock, self._open() as fd:
-            start = os.fstat(fd).st_size
-            if start == 0:
-                data = self._header_bytes + body
-            else:
-                if not self._header_ok:
-                    self._check_header()
-                data = body
-            self._write_all(fd, data, start)
-            self._header_ok = True
-            if self._tree is not None:
-                self._tree.note_appended(body.count(b"\n"), len(data), start == 0)
+    def _append(self, body: bytes, rows: int) -> None:
+        tree = self._tree
+        with self._lock:
+            if tree is None:
+                with self._open() as fd:
+                    self._write_at(fd, os.fstat(fd).st_size, body)
+                return
+            # one open, one fstat (the regular-file check gives the size), one write
+            size = tree.append(self.path, lambda fd, start: self._write_at(fd, start, body))
+            tree.note_appended(rows, size, self._created)
+
+    def _write_at(self, fd: int, start: int, body: bytes) -> int:
+        """Write ``body`` (after the header when the file is empty) at the end of ``fd``, whose
+        length is ``start``; the bytes written."""
+        if start == 0:
+            data = self._header_bytes + body
+        else:
+            if not self._header_ok:
+                self._check_header()
+            data = body
+        self._created = start == 0
+        self._write_all(fd, data, start)
+        self._header_ok = True
+        return len(data)
 
     @contextlib.contextmanager
     def _open(self):
