@@ -418,6 +418,11 @@ void record(Ctx* c, int side, const py::object& io, const std::vector<c10::optio
     put(kRowShape, st.shape.ptr());
     put(kRowHandle, handle.ptr());
     put(kRowHostFuture, Py_None);
+    // a row holds strings, ints, a dtype and a tuple of numbers: it can be in no reference
+    // cycle, so the garbage collector need not track it (thousands a step, each kept until the
+    // writer takes it: tracked, they were promoted to the oldest generation and brought on
+    // full collections)
+    PyObject_GC_UnTrack(row);
     const int appended = PyList_Append(rows, row);
     Py_DECREF(row);
     if (appended != 0) throw py::error_already_set();
