@@ -316,8 +316,9 @@ def test_failure_in_a_served_iteration_drops_it_and_training_goes_on(tmp_path, m
 
 class Shifting(torch.nn.Module):
     """A program the observer serves while it changes: from step 2 an extra operator runs
-    first (every later operator's index, so its name, moves), and the batch grows every step
-    (every shape moves)."""
+    first (every later operator's index, so its name, moves), the batch grows every step
+    (every shape moves), and from step 3 a listed operator's number argument (a Python float
+    torch wraps into a 0-d tensor) is -inf: the listing marks it ``nonfinite_args``."""
 
     def __init__(self):
         super().__init__()
@@ -328,8 +329,10 @@ class Shifting(torch.nn.Module):
     def forward(self, x):
         if self.step >= 2:
             x = x * 2.0
+        shift = float("-inf") if self.step >= 3 else 0.0
         self.step += 1
-        return self.fc2(self.fc1(x).tanh()).relu().sum()
+        h = self.fc1(x).tanh()
+        return self.fc2(h).relu().sum() + (h + shift).exp().sum()
 
 
 def _shifting_training():
@@ -357,6 +360,8 @@ def test_served_iterations_follow_names_and_shapes_that_move(tmp_path, monkeypat
     assert not warned, [str(w.message) for w in warned]
     assert live == [True, True, True, True, False]
     assert any(r[1] == "Default/Shifting/mul-op0" for r in stat_rows(nat_root, 2))
+    listing = files_of(nat_root)[os.path.join("graphs", "ms_output_trace_code_graph_0.json")]
+    assert b'"nonfinite_args": true' in listing
     assert_same_dump(py_root, nat_root, (0, 1, 2, 3, 4))
 
 
