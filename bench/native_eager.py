@@ -107,7 +107,7 @@ def measure(quick: bool, steps: int, only=("alexnet", "transformer", "decoder"),
         runs["plain"][2].extend(_THREAD)
         med = {k: (statistics.median(w), statistics.median(c), statistics.median(t)) for k, (w, c, t) in runs.items()}
         plain_thread = med["plain"][2]
-        plain_wall, plain_cpu = med["plain"]
+        plain_wall, plain_cpu, _ = med["plain"]
         first, last = statistics.median(runs["plain"][0][:steps]), statistics.median(wall)
         out.append({
             "workload": name, "steps": steps, "rounds": rounds, "plain_ms": plain_wall * 1e3,
