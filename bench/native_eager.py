@@ -35,14 +35,21 @@ BEGIN, END = "<!-- native-eager: begin -->", "<!-- native-eager: end -->"
 SKIP = 3
 
 
+_THREAD = []     # the main thread's CPU times of the last _timed call
+
+
 def _timed(step, n):
-    """(wall times, CPU times) of ``n`` steps."""
+    """(wall times, CPU times) of ``n`` steps; the main thread's own CPU times in ``_THREAD``
+    (the process's CPU time also counts the writer thread's work, and torch's intra-op
+    threads spinning while they wait for a core on a loaded machine)."""
     wall, cpu = [], []
+    _THREAD.clear()
     for _ in range(n):
-        w, c = time.perf_counter(), time.process_time()
+        w, c, t = time.perf_counter(), time.process_time(), time.thread_time()
         step()
         wall.append(time.perf_counter() - w)
         cpu.append(time.process_time() - c)
+        _THREAD.append(time.thread_time() - t)
     return wall, cpu
 
 
@@ -50,7 +57,8 @@ def _plain(make, n):
     wl = make()
     for _ in range(SKIP):
         wl.step()
-    return _timed(wl.step, n) + (True,)
+    result = _timed(wl.step, n)
+    return result + (True,)
 
 
 def _dumped(make, n, native_on):
@@ -74,16 +82,16 @@ def _dumped(make, n, native_on):
         shutil.rmtree(root, ignore_errors=True)
 
 
-def measure(quick: bool, steps: int, only=("alexnet", "transformer", "decoder"), rounds: int = 2):
+def measure(quick: bool, steps: int, only=("alexnet", "transformer", "decoder"), rounds: int = 2, threads: int = 0):
     """Per workload, ``rounds`` rounds of plain / Python capture / native, each a fresh model of
     ``steps`` timed steps (after SKIP untimed ones), then plain once more: medians of all steps
     of each kind (interleaved, so a load change hits the three alike)."""
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    torch.set_num_threads(max(1, threads or torch.get_num_threads()))
     out = []
     for name in only:
         make = (lambda name=name: getattr(models, name)(quick=quick))
         load0 = os.getloadavg()[0]
-        runs = {"plain": ([], []), "python": ([], []), "native": ([], [])}
+        runs = {"plain": ([], [], []), "python": ([], [], []), "native": ([], [], [])}
         served = True
         for _ in range(rounds):
             for kind, fn in (("plain", lambda: _plain(make, steps)), ("python", lambda: _dumped(make, steps, False)),
@@ -91,18 +99,23 @@ def measure(quick: bool, steps: int, only=("alexnet", "transformer", "decoder"),
                 wall, cpu, live = fn()
                 runs[kind][0].extend(wall)
                 runs[kind][1].extend(cpu)
+                runs[kind][2].extend(_THREAD)
                 served = served and (live if kind == "native" else True)
         wall, cpu, _ = _plain(make, steps)
         runs["plain"][0].extend(wall)
         runs["plain"][1].extend(cpu)
-        med = {k: (statistics.median(w), statistics.median(c)) for k, (w, c) in runs.items()}
-        plain_wall, plain_cpu = med["plain"]
+        runs["plain"][2].extend(_THREAD)
+        med = {k: (statistics.median(w), statistics.median(c), statistics.median(t)) for k, (w, c, t) in runs.items()}
+        plain_thread = med["plain"][2]
+        plain_wall, plain_cpu, _ = med["plain"]
         first, last = statistics.median(runs["plain"][0][:steps]), statistics.median(wall)
         out.append({
             "workload": name, "steps": steps, "rounds": rounds, "plain_ms": plain_wall * 1e3,
             "plain_cpu_ms": plain_cpu * 1e3, "python_ms": med["python"][0] * 1e3, "native_ms": med["native"][0] * 1e3,
             "native_served": served, "python_x": med["python"][0] / plain_wall, "native_x": med["native"][0] / plain_wall,
             "python_cpu_x": med["python"][1] / plain_cpu, "native_cpu_x": med["native"][1] / plain_cpu,
+            "plain_thread_ms": plain_thread * 1e3, "python_thread_x": med["python"][2] / plain_thread,
+            "native_thread_x": med["native"][2] / plain_thread,
             "plain_drift": last / first, "load": [load0, os.getloadavg()[0]], "threads": torch.get_num_threads(),
         })
     return out
@@ -115,12 +128,13 @@ def block(results) -> str:
              "default (same dump as the Python capture's, see README, Eager mode). Issue 24's targets: "
              "≤ 1.5× on AlexNet and the decoder, ≤ 1.3× on the transformer.", "",
              "| workload | plain eager (ms) | Python capture | native observer | CPU-time ratio Python / native "
-             "| plain drift | load avg (start, end) |",
-             "|---|---|---|---|---|---|---|"]
+             "| main-thread CPU ratio Python / native | plain drift | load avg (start, end) |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in results:
         lines.append(f"| {r['workload']} | {r['plain_ms']:.1f} | {r['python_x']:.2f}× | {r['native_x']:.2f}×"
                      f"{'' if r['native_served'] else ' (not served!)'} | {r['python_cpu_x']:.2f}× / "
-                     f"{r['native_cpu_x']:.2f}× | {r['plain_drift']:.2f} | {r['load'][0]:.1f}, {r['load'][1]:.1f} |")
+                     f"{r['native_cpu_x']:.2f}× | {r['python_thread_x']:.2f}× / {r['native_thread_x']:.2f}× "
+                     f"| {r['plain_drift']:.2f} | {r['load'][0]:.1f}, {r['load'][1]:.1f} |")
     lines += ["", END]
     return "\n".join(lines)
 
@@ -144,9 +158,11 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default="alexnet,transformer,decoder", help="workloads, comma-separated")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch intra-op threads (default: torch's); 1 on a loaded machine, where waiting threads spin")
     ap.add_argument("--write", action="store_true", help="update BENCHMARKS.md's native-eager block")
     args = ap.parse_args(argv)
-    results = measure(args.quick, args.steps, tuple(args.only.split(",")), args.rounds)
+    results = measure(args.quick, args.steps, tuple(args.only.split(",")), args.rounds, args.threads)
     print(json.dumps(results, indent=1))
     text = block(results)
     print(text)

@@ -314,6 +314,57 @@ def test_failure_in_a_served_iteration_drops_it_and_training_goes_on(tmp_path, m
     assert_same_dump(py_root, nat_root, (0, 1, 2, 3), missing=(2,))
 
 
+class Shifting(torch.nn.Module):
+    """A program the observer serves while it changes: from step 2 an extra operator runs
+    first (every later operator's index, so its name, moves), the batch grows every step
+    (every shape moves), and from step 3 a listed operator's number argument (a Python float
+    torch wraps into a 0-d tensor) is -inf: the listing marks it ``nonfinite_args``."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(6, 5)
+        self.fc2 = torch.nn.Linear(5, 4)
+        self.step = 0
+
+    def forward(self, x):
+        if self.step >= 2:
+            x = x * 2.0
+        shift = float("-inf") if self.step >= 3 else 0.0
+        self.step += 1
+        h = self.fc1(x).tanh()
+        return self.fc2(h).relu().sum() + (h + shift).exp().sum()
+
+
+def _shifting_training():
+    torch.manual_seed(0)
+    model = Shifting()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = [torch.randn(2 + i, 6) for i in range(5)]
+
+    def step():
+        opt.zero_grad()
+        model(batches[model.step]).backward()
+        opt.step()
+    return step
+
+
+def test_served_iterations_follow_names_and_shapes_that_move(tmp_path, monkeypatch):
+    """The observer makes each operator index's name, listing lookup and shape texts once and
+    reuses them while the index holds the same operator in the same scope and shape: here
+    iteration 2 inserts an operator (new to the listing, every later name moves) and every
+    iteration's batch is larger; iterations 1-4 are served and their dump is still the Python
+    capture's (a name or shape text reused for another operator or shape would differ)."""
+    # both runs made from one line (the listing's source stacks hold this test file's lines too)
+    (py_root, _, _), (nat_root, live, warned) = [run(tmp_path / kind, _shifting_training, kind == "native", monkeypatch,
+                                                     steps=5) for kind in ("python", "native")]
+    assert not warned, [str(w.message) for w in warned]
+    assert live == [True, True, True, True, False]
+    assert any(r[1] == "Default/Shifting/mul-op0" for r in stat_rows(nat_root, 2))
+    listing = files_of(nat_root)[os.path.join("graphs", "ms_output_trace_code_graph_0.json")]
+    assert b'"nonfinite_args": true' in listing
+    assert_same_dump(py_root, nat_root, (0, 1, 2, 3, 4))
+
+
 def test_autocast_keeps_the_python_capture(tmp_path, monkeypatch):
     """bf16 autocast: the Autocast key sits above autograd and its kernels call the operator
     again (``cat`` calls ``cat`` after casting its inputs), an order the observer cannot

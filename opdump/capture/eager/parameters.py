@@ -4,7 +4,7 @@ mode: the values the forward uses, written when the root is first called in a du
 iteration; parameters of compiled sub-modules are left to the graph front-end)."""
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -16,16 +16,62 @@ from .state import IterationState, Listing
 #: modules inside them name them as part of the path (``layers.0-Block``), and so does this index
 _CONTAINERS = (torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.ParameterList, torch.nn.ParameterDict)
 
+_Module = torch.nn.Module
+_BASE_NAMED_MODULES = _Module.named_modules
+_BASE_MEMBERS = (_Module.named_parameters, _Module.named_buffers, _Module._named_members)
+
+
+def walk_modules(root: torch.nn.Module, remove_duplicate: bool) -> List[Tuple[str, torch.nn.Module]]:
+    """``list(root.named_modules(remove_duplicate=...))``, the same pairs in the same order, walked
+    with a loop instead of torch's generator recursion (which re-yields every module through
+    every level above it: the walk at each root entry of a dumped iteration was most of its
+    cost).  A module class with its own ``named_modules`` gets torch's walk itself."""
+    out: List[Tuple[str, torch.nn.Module]] = []
+    seen = set()
+    stack = [("", root)]
+    while stack:
+        prefix, module = stack.pop()
+        if type(module).named_modules is not _BASE_NAMED_MODULES:
+            return list(root.named_modules(remove_duplicate=remove_duplicate))
+        if remove_duplicate:
+            if id(module) in seen:
+                continue
+            seen.add(id(module))
+        out.append((prefix, module))
+        children = [(f"{prefix}.{name}" if prefix else name, sub)
+                    for name, sub in module._modules.items() if sub is not None]
+        children.reverse()
+        stack.extend(children)
+    return out
+
+
+def _named_members(root: torch.nn.Module, modules, attr: str) -> Optional[List[Tuple[str, torch.Tensor]]]:
+    """``list(root.named_parameters())`` (``attr`` "_parameters") or ``named_buffers()``
+    ("_buffers") from the walk ``modules`` (remove_duplicate=True); None when the root's class
+    has its own version of those methods."""
+    cls = type(root)
+    if (cls.named_parameters, cls.named_buffers, cls._named_members) != _BASE_MEMBERS:
+        return None
+    seen = set()
+    out = []
+    for prefix, module in modules:
+        for name, value in getattr(module, attr).items():
+            if value is None or id(value) in seen:
+                continue
+            seen.add(id(value))
+            out.append((f"{prefix}.{name}" if prefix else name, value))
+    return out
+
 
 def index_parameters(state: IterationState, root: torch.nn.Module, root_class: str) -> None:
     """Record in ``state.owners`` which module owns each parameter, also inside compiled
     sub-modules, whose modules the hooks do not see."""
     classes = {}
     containers = set()                  # ModuleList/ModuleDict: never called, so no scope segment
-    for path, sub in root.named_modules(remove_duplicate=False):
+    for path, sub in walk_modules(root, remove_duplicate=False):
         if is_compiled_wrapper(sub):
             continue                    # its _orig_mod children carry the names
-        clean = ".".join(part for part in path.split(".") if part != "_orig_mod")
+        clean = path if "_orig_mod" not in path else ".".join(part for part in path.split(".") if part != "_orig_mod")
         classes.setdefault(clean, display_class(sub))
         if isinstance(sub, _CONTAINERS):
             containers.add(clean)
@@ -43,8 +89,13 @@ def parameters_to_dump(session, state: IterationState, listing: Listing,
                        root: torch.nn.Module) -> List[Tuple[str, torch.Tensor]]:
     """Add the parameters and buffers of ``root`` to the listing; return those to dump now
     ((name, tensor) pairs not dumped yet in this iteration, on an allowed device)."""
-    compiled = [path for path, sub in root.named_modules() if path and is_compiled_wrapper(sub)]
-    items = list(root.named_parameters()) + list(root.named_buffers())
+    modules = walk_modules(root, remove_duplicate=True)
+    compiled = [path for path, sub in modules if path and is_compiled_wrapper(sub)]
+    params = _named_members(root, modules, "_parameters")
+    buffers = _named_members(root, modules, "_buffers") if params is not None else None
+    if params is None or buffers is None:
+        params, buffers = list(root.named_parameters()), list(root.named_buffers())
+    items = params + buffers
     enabled = session.config.enable
     dumped = []
     for name, value in items:

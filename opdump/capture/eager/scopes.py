@@ -30,11 +30,19 @@ import sys
 from ..naming import module_scope
 
 
+_wrapper_class = None     # OptimizedModule, once torch._dynamo is imported (it stays imported)
+
+
 def is_compiled_wrapper(module) -> bool:
     """Is ``module`` the ``OptimizedModule`` that ``torch.compile(module)`` returns?"""
-    eval_frame = sys.modules.get("torch._dynamo.eval_frame")    # not imported: nothing is compiled
-    wrapper = getattr(eval_frame, "OptimizedModule", None)
-    return wrapper is not None and isinstance(module, wrapper)
+    global _wrapper_class
+    wrapper = _wrapper_class
+    if wrapper is None:
+        eval_frame = sys.modules.get("torch._dynamo.eval_frame")    # not imported: nothing is compiled
+        wrapper = _wrapper_class = getattr(eval_frame, "OptimizedModule", None)
+        if wrapper is None:
+            return False
+    return isinstance(module, wrapper)
 
 
 def display_class(module) -> str:
@@ -163,7 +171,12 @@ class ScopeTracker:
 
 
 def _resolve(parent, dotted: str):
-    try:
-        return parent.get_submodule(dotted)
-    except (AttributeError, TypeError):
-        return None
+    """The module registered at ``dotted`` below ``parent`` (its ``_modules`` chain, where
+    :meth:`ScopeTracker._name_in` found it), or None."""
+    module = parent
+    for part in dotted.split("."):
+        modules = getattr(module, "_modules", None)
+        module = modules.get(part) if modules is not None else None
+        if module is None:
+            return None
+    return module

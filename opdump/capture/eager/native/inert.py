@@ -14,10 +14,11 @@ from __future__ import annotations
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
-from ..dispatch import observation_only
+from ..dispatch import _AD_INPLACE_OR_VIEW, _DETACH, _excluded, observation_only
 
 _PYTHON_KEYS = (torch._C.DispatchKey.Python, torch._C.DispatchKey.PythonTLSSnapshot)
 _PLAIN = torch.Tensor.__torch_dispatch__
+_DETACH_OP = _DETACH._op          # the C++ operator behind the OpOverload (no Python frame)
 
 
 class InertMode(TorchDispatchMode):
@@ -34,7 +35,10 @@ class InertMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         # autograd saving/unpacking an output detaches it through any mode on the stack: plain
-        # eager makes no call there, the Python capture drops it (dispatch.observation_only)
+        # eager makes no call there, the Python capture drops it (dispatch.observation_only);
+        # the most frequent call here (~40 a step), forwarded to the C++ operator at once
+        if func is _DETACH and not kwargs and not _excluded(_AD_INPLACE_OR_VIEW):
+            return _DETACH_OP(*args)
         # an operator whose keys were computed while a detach had the Python keys back on (see
         # observer.cpp, python_keys_off) arrives here too: forwarded; only a tensor subclass's
         # own dispatch is one the observer does not model

@@ -106,6 +106,23 @@ struct Ctx : at::ObserverContext {
   }
 };
 
+// what an operator index of the last iterations was named (a served program runs the same
+// operators every iteration: its names, listing lookups and shape texts are made once)
+struct ShapeText {
+  std::vector<int64_t> sizes;
+  int64_t itemsize = -1;
+  py::object shape, nbytes;      // the row's shape text and byte count
+};
+
+struct NameSlot {
+  int scope = -1;
+  const Overload* ov = nullptr;
+  std::string name;
+  py::object pyname;
+  bool listed = false;           // known listed (the listed set only grows until configure() clears both)
+  std::vector<ShapeText> shapes[2];   // per side (input, output), per slot
+};
+
 thread_local std::vector<Ctx*> t_candidates;
 thread_local bool t_inside = false;     // in our own callback (ops it runs are not the user's)
 
@@ -134,11 +151,12 @@ struct State {
   int module_scope = -1, optimizer_scope = -1;
   std::unordered_map<int64_t, std::pair<int, int64_t>> seq;   // seq nr -> (forward scope, forward index)
   std::vector<int> gradient_of;  // scope id -> id of "Gradients/<scope>" (-1: not yet)
-  std::vector<std::string> all_names;                          // this iteration's names so far
+  std::vector<py::object> all_names;                           // this iteration's names so far (Python str)
   std::unordered_map<const c10::TensorImpl*, int> owners;   // parameter -> scope (this iteration)
   std::unordered_set<std::string> listed;
   int64_t index = 0;
-  std::vector<std::string> names;
+  py::list names;                // names since the last pause (Python str)
+  std::vector<NameSlot> name_cache;   // per operator index (see NameSlot)
   std::vector<std::string> nonfinite;                          // listed operators seen with an Inf/NaN scalar
   std::unordered_map<std::pair<const void*, const void*>, std::unique_ptr<Overload>, PairHash> overloads;
   int gradients = -1;            // scope id of "Gradients/Default"
@@ -252,6 +270,19 @@ py::object to_python(const c10::Argument& arg, const c10::IValue& v) {
   return torch::jit::toPyObject(v);
 }
 
+// the value of a floating wrapped number (a Python float torch made a 0-d CPU tensor of, double
+// as a rule), read in place: item() is two dispatcher calls, ~90 a step on the bench's decoder
+double wrapped_double(const at::Tensor& t) {
+  if (t.device().is_cpu()) {
+    switch (t.scalar_type()) {
+      case at::kDouble: return *t.const_data_ptr<double>();
+      case at::kFloat: return static_cast<double>(*t.const_data_ptr<float>());
+      default: break;
+    }
+  }
+  return t.item().toDouble();
+}
+
 bool nonfinite_scalar(const c10::IValue& v) {
   auto bad = [](double x) {
     double a = std::fabs(x);
@@ -259,7 +290,7 @@ bool nonfinite_scalar(const c10::IValue& v) {
            a == 1.7976931348623157e+308;
   };
   if (v.isDouble()) return bad(v.toDouble());
-  if (wrapped_number(v) && c10::isFloatingType(v.toTensor().scalar_type())) return bad(v.toTensor().item().toDouble());
+  if (wrapped_number(v) && c10::isFloatingType(v.toTensor().scalar_type())) return bad(wrapped_double(v.toTensor()));
   if (v.isDoubleList()) {
     for (double x : v.toDoubleList()) if (bad(x)) return true;
   }
@@ -296,6 +327,39 @@ std::string shape_text(c10::IntArrayRef sizes) {
   return s + ')';
 }
 
+// the name of operator `index` (GIL held): made once per (index, scope, overload)
+NameSlot& name_slot(int scope, const Overload* ov, int64_t index) {
+  auto& cache = g->name_cache;
+  if (static_cast<size_t>(index) >= cache.size()) cache.resize(static_cast<size_t>(index) + 1);
+  NameSlot& s = cache[static_cast<size_t>(index)];
+  if (s.scope != scope || s.ov != ov || !s.pyname) {
+    s.scope = scope;
+    s.ov = ov;
+    s.name = g->scopes[scope] + "/" + ov->op_type_s + "-op" + std::to_string(index);
+    s.pyname = py::str(s.name);
+    s.listed = false;
+    s.shapes[0].clear();
+    s.shapes[1].clear();
+  }
+  return s;
+}
+
+// the shape text and byte count of `t` as slot `k` of a side of `slot` (GIL held)
+ShapeText& shape_of(NameSlot* slot, std::vector<ShapeText>& scratch, int side, size_t k, const at::Tensor& t) {
+  std::vector<ShapeText>& shapes = slot != nullptr ? slot->shapes[side] : scratch;
+  if (shapes.size() <= k) shapes.resize(k + 1);
+  ShapeText& st = shapes[k];
+  const c10::IntArrayRef sizes = t.sizes();
+  const int64_t itemsize = static_cast<int64_t>(t.element_size());
+  if (!st.shape || st.itemsize != itemsize || !sizes.equals(st.sizes)) {
+    st.sizes.assign(sizes.begin(), sizes.end());
+    st.itemsize = itemsize;
+    st.shape = py::str(shape_text(sizes));
+    st.nbytes = py::int_(t.numel() * itemsize);
+  }
+  return st;
+}
+
 int64_t next_ts(int64_t count) {
   int64_t now = std::chrono::duration_cast<std::chrono::microseconds>(
                     std::chrono::system_clock::now().time_since_epoch()).count();
@@ -304,10 +368,10 @@ int64_t next_ts(int64_t count) {
   return now;
 }
 
-// the rows of one operator side (GIL held)
-void record(Ctx* c, const py::object& io, const std::vector<c10::optional<at::Tensor>>& tensors) {
+// the rows of one operator side (GIL held; `side` 0: inputs, 1: outputs)
+void record(Ctx* c, int side, const py::object& io, const std::vector<c10::optional<at::Tensor>>& tensors) {
   if (tensors.empty()) return;
-  bool native = true;
+  bool native = true, dense = true;
   for (const auto& t : tensors) {
     if (!t) continue;
     if (!t->defined() || t->layout() != at::kStrided || !t->device().is_cpu() ||
@@ -315,40 +379,66 @@ void record(Ctx* c, const py::object& io, const std::vector<c10::optional<at::Te
       native = false;
       break;
     }
+    dense = dense && t->is_non_overlapping_and_dense();
   }
-  if (!native) {       // the Python recorder (it appends to the same batch)
+  if (!native) {       // the Python recorder (it appends to the same batch; its torch calls are its own)
+    at::RecordFunctionGuard off(false);
     py::list items;
     for (const auto& t : tensors) items.append(t ? py::reinterpret_steal<py::object>(THPVariable_Wrap(*t)) : py::none());
     g->ts = g->slow_cb(c->ov->op_type, c->name, io, items, g->ts).cast<int64_t>();
     return;
   }
+  // the memo runs a torch call (a contiguous copy) only for a tensor that is not dense: that call
+  // is opdump's own (no callback sees it); otherwise no guard (each one rebuilds the thread's
+  // callback lists, twice)
+  c10::optional<at::RecordFunctionGuard> off;
+  if (!dense) off.emplace(false);
   const int64_t ts = next_ts(static_cast<int64_t>(tensors.size()));
-  py::list& rows = reinterpret_cast<py::list&>(g->rows);
+  PyObject* rows = g->rows.ptr();
+  PyObject* entries = g->entries.ptr();
+  NameSlot* slot = (c->index >= 0 && static_cast<size_t>(c->index) < g->name_cache.size())
+                       ? &g->name_cache[static_cast<size_t>(c->index)] : nullptr;
+  std::vector<ShapeText> scratch;
   for (size_t k = 0; k < tensors.size(); ++k) {
     if (!tensors[k]) continue;
     const at::Tensor& t = *tensors[k];
-    py::object dtype = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type())));
-    const int64_t index = static_cast<int64_t>(py::len(g->entries));
+    PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()));   // borrowed
+    const int64_t index = static_cast<int64_t>(PyList_GET_SIZE(entries));
     py::object handle = g->memo->stats(t, index);
     if (handle.is_none()) throw std::logic_error("the memo declined a tensor it takes");
     if (!PyLong_Check(handle.ptr())) {
-      g->entries.append(handle);
-      g->dtypes.append(dtype);
+      if (PyList_Append(entries, handle.ptr()) != 0 || PyList_Append(g->dtypes.ptr(), dtype) != 0)
+        throw py::error_already_set();
       handle = py::int_(index);
     }
-    py::tuple row(static_cast<size_t>(kRowFields));
-    row[static_cast<size_t>(kRowOpType)] = c->ov->op_type;
-    row[static_cast<size_t>(kRowOpName)] = c->name;
-    row[static_cast<size_t>(kRowStream)] = g_zero;
-    row[static_cast<size_t>(kRowTimestamp)] = py::int_(ts + static_cast<int64_t>(k));
-    row[static_cast<size_t>(kRowIo)] = io;
-    row[static_cast<size_t>(kRowSlot)] = py::int_(static_cast<int64_t>(k));
-    row[static_cast<size_t>(kRowNbytes)] = py::int_(t.numel() * t.element_size());
-    row[static_cast<size_t>(kRowDtype)] = dtype;
-    row[static_cast<size_t>(kRowShape)] = py::str(shape_text(t.sizes()));
-    row[static_cast<size_t>(kRowHandle)] = handle;
-    row[static_cast<size_t>(kRowHostFuture)] = py::none();
-    rows.append(std::move(row));
+    ShapeText& st = shape_of(slot, scratch, side, k, t);
+    py::object stamp = py::int_(ts + static_cast<int64_t>(k));
+    py::object at_slot = py::int_(static_cast<int64_t>(k));
+    PyObject* row = PyTuple_New(static_cast<Py_ssize_t>(kRowFields));
+    if (row == nullptr) throw py::error_already_set();
+    auto put = [row](int field, PyObject* value) {     // a new reference to a borrowed value
+      Py_INCREF(value);
+      PyTuple_SET_ITEM(row, static_cast<Py_ssize_t>(field), value);
+    };
+    put(kRowOpType, c->ov->op_type.ptr());
+    put(kRowOpName, c->name.ptr());
+    put(kRowStream, g_zero.ptr());
+    put(kRowTimestamp, stamp.ptr());
+    put(kRowIo, io.ptr());
+    put(kRowSlot, at_slot.ptr());
+    put(kRowNbytes, st.nbytes.ptr());
+    put(kRowDtype, dtype);
+    put(kRowShape, st.shape.ptr());
+    put(kRowHandle, handle.ptr());
+    put(kRowHostFuture, Py_None);
+    // a row holds strings, ints, a dtype and a tuple of numbers: it can be in no reference
+    // cycle, so the garbage collector need not track it (thousands a step, each kept until the
+    // writer takes it: tracked, they were promoted to the oldest generation and brought on
+    // full collections)
+    PyObject_GC_UnTrack(row);
+    const int appended = PyList_Append(rows, row);
+    Py_DECREF(row);
+    if (appended != 0) throw py::error_already_set();
     ++g->recorded;
   }
 }
@@ -393,10 +483,14 @@ int backward_scope(torch::autograd::Node* node, int64_t* forward_index) {
 // reaches the inert mode, which forwards it)
 inline void python_keys_off() {
   if (g->inert) {
-    c10::impl::tls_set_dispatch_key_included(c10::DispatchKey::Python, false);
-    c10::impl::tls_set_dispatch_key_included(c10::DispatchKey::PythonTLSSnapshot, false);
+    const c10::DispatchKeySet included = c10::impl::tls_local_dispatch_key_set().included_;
+    if (included.has(c10::DispatchKey::Python) || included.has(c10::DispatchKey::PythonTLSSnapshot)) {
+      c10::impl::tls_set_dispatch_key_included(c10::DispatchKey::Python, false);
+      c10::impl::tls_set_dispatch_key_included(c10::DispatchKey::PythonTLSSnapshot, false);
+    }
   }
 }
+
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (g == nullptr) return nullptr;
@@ -408,30 +502,33 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   // under the probe's mode or the inert one, path.py) is none of the user's
   if (static_cast<int64_t>(c10::impl::TorchDispatchModeTLS::stack_len()) < g->modes) return nullptr;
   t_inside = true;
-  auto ctx = std::make_unique<Ctx>();
+  // a call that is no candidate gets no context (on_end is handed nullptr: nothing to do)
+  std::unique_ptr<Ctx> ctx;
   try {
     const c10::DispatchKeySet tls_excluded = c10::impl::tls_local_dispatch_key_set().excluded_;
     // a call made with the Python key excluded (torch.tensor()'s own empty/copy/detach_) never
     // reaches a dispatch mode: not an operator the Python capture sees
     if (tls_excluded.has(c10::DispatchKey::Python)) {
       t_inside = false;
-      return t_candidates.empty() ? nullptr : std::move(ctx);
+      return nullptr;
     }
     // the autograd functionality bit (AutoDispatchBelowADInplaceOrView and inference mode exclude
     // it with no backend bit: has(AutogradCPU) would ask for the CPU bit too)
-    ctx->excluded = tls_excluded.has(c10::DispatchKey::AutogradFunctionality);
+    const bool excluded = tls_excluded.has(c10::DispatchKey::AutogradFunctionality);
     if (!t_candidates.empty()) {
       Ctx* outer = t_candidates.back();
-      if (outer->excluded || ctx->excluded) {    // from the enclosing operator's kernel
+      if (outer->excluded || excluded) {    // from the enclosing operator's kernel
         t_inside = false;
-        return ctx;
+        return nullptr;
       }
     }
     Overload* ov = overload_of(fn);
     if (ov->cia) {
       t_inside = false;
-      return ctx;
+      return nullptr;
     }
+    ctx = std::make_unique<Ctx>();
+    ctx->excluded = excluded;
     if (!t_candidates.empty()) {   // called by an enclosing operator's autograd kernel
       fail(std::string("an operator (") + (t_candidates.back()->opname ? t_candidates.back()->opname : "?") + ") called " + fn.name() + " above autograd: its order cannot be rebuilt natively");
       t_inside = false;
@@ -483,8 +580,10 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     ctx->phase = static_cast<int>(phase);
     ctx->scope = scope;
     ctx->index = g->index++;
-    std::string name = g->scopes[scope] + "/" + ov->op_type_s + "-op" + std::to_string(ctx->index);
-    const bool listed = g->listed.count(name) > 0;
+    NameSlot& slot = name_slot(scope, ov, ctx->index);
+    const std::string& name = slot.name;
+    if (!slot.listed) slot.listed = g->listed.count(name) > 0;
+    const bool listed = slot.listed;
     auto inputs = fn.inputs();
     if (listed && !g->probe) {
       for (const c10::IValue& v : inputs) {
@@ -494,9 +593,9 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
         }
       }
     }
-    g->names.push_back(name);
-    g->all_names.push_back(name);
-    ctx->name = py::str(name);
+    g->names.append(slot.pyname);
+    g->all_names.push_back(slot.pyname);
+    ctx->name = slot.pyname;
     if (!listed && !g->probe) {
       py::list args;
       const auto schema = fn.operator_schema();
@@ -512,10 +611,11 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
       }
       ctx->describe = g->describe_start_cb(ctx->index, ov->op_type, py::str(fn.overload_name()),
                                            py::str(g->scopes[scope]), static_cast<int>(phase),
-                                           forward_index >= 0 ? py::object(py::str(g->all_names[forward_index]))
+                                           forward_index >= 0 ? g->all_names[forward_index]
                                                               : py::object(py::none()),
                                            var, py::str(fn.name()), args);
       g->listed.insert(name);
+      slot.listed = true;
     }
     if (g->probe) {     // names only: the Python capture records this iteration
       t_inside = false;
@@ -536,10 +636,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
         }
       }
     }
-    if (g->dump_in) {
-      at::RecordFunctionGuard off(false);
-      record(ctx.get(), g_io_input, flat_in);
-    }
+    if (g->dump_in) record(ctx.get(), 0, g_io_input, flat_in);
   } catch (py::error_already_set& e) {
     fail(std::string("Python: ") + e.what());
   } catch (const std::exception& e) {
@@ -575,7 +672,6 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
         return;
       }
       py::gil_scoped_acquire gil;
-      at::RecordFunctionGuard off(false);
       for (const at::Tensor& t : c->written) g->memo->forget(t);
       std::vector<c10::optional<at::Tensor>> outs;
       if (g->dump_out || (c->describe && !c->describe.is_none())) {
@@ -597,8 +693,9 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
           }
         }
       }
-      if (g->dump_out) record(c, g_io_output, outs);
+      if (g->dump_out) record(c, 1, g_io_output, outs);
       if ((c->describe && !c->describe.is_none())) {
+        at::RecordFunctionGuard off(false);     // the description's torch calls are opdump's own
         py::list items;
         for (const auto& t : outs) items.append(t ? py::reinterpret_steal<py::object>(THPVariable_Wrap(*t)) : py::none());
         g->describe_end_cb(c->describe, items);
@@ -639,6 +736,7 @@ void configure(py::object info_cb, py::object bind_cb, py::object owner_cb, py::
   g->failed = false;
   g->error.clear();
   g->listed.clear();          // this capture's listing (path.py pushes it whole at install)
+  g->name_cache.clear();      // its "listed" marks were of the listed set just cleared
   g->gradients = intern("Gradients/Default");
 }
 
@@ -681,7 +779,7 @@ void new_iteration() {
   g->seq.clear();
   g->owners.clear();
   g->index = 0;
-  g->names.clear();
+  g->names = py::list();
   g->all_names.clear();
   g->nonfinite.clear();
   g->rows = py::none();
@@ -693,7 +791,7 @@ py::tuple observer_pause() {
   ++g->paused;
   g->rows = py::none();
   py::tuple out = py::make_tuple(g->names, g->nonfinite, g->recorded, g->ts);
-  g->names.clear();
+  g->names = py::list();
   g->nonfinite.clear();
   g->recorded = 0;
   return out;
