@@ -24,13 +24,15 @@ from typing import Optional
 
 import torch
 
+from .overflow_bounds import RULES, float_tensors, output_bound, proven_finite
 from .overflow_rules import ALWAYS_FINITE, FINITE_PRESERVING, UNINITIALIZED, scales_down
-from .overflow_values import value_now
+from .overflow_values import read_now
 
 _FLOATS = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
 _NONE: frozenset = frozenset()
 _UNINIT = -1.0       # _value_of: a floating tensor holding uninitialized memory (never judged)
 _UNKNOWN = -2.0      # _value_of(read=False): a floating tensor not read this iteration
+_BOUND_RULES = frozenset(RULES)
 
 
 class CpuPath:
@@ -38,7 +40,7 @@ class CpuPath:
     attributes they use: ``_known``, ``_prewrite``, ``_calls``, ``_copies``, ``_unjudged``,
     ``_judge_held``, ``_judge`` and ``_call``, its operator record type)."""
 
-    def _add_now(self, op, inputs, outputs, flagged: bool, cloned, where, writing, args) -> None:
+    def _add_now(self, op, inputs, outputs, flagged: bool, cloned, where, writing, args, kwargs=None) -> None:
         """An operator whose tensors are all on the CPU: its outputs are read now
         (:func:`.overflow_values.value_now`: a CPU reduction has run when it returns, so no
         sync is added).  Finite outputs: nothing is held, no input is read (a verdict needs
@@ -53,8 +55,15 @@ class CpuPath:
         # eager: autograd bumps a written tensor's version once the mode returns (graph: already)
         bump = 1 if where is None and writing else 0
         in_vals = None
+        proven, self._proven = self._proven, None
+        if proven is not None and proven[0] is op:      # copy_written proved its outputs finite
+            self._remember_finite(outputs, writing, bump, proven[1])
+            return
+        # the bound rules need the call's keyword arguments (None: not given, no rule)
+        bounds = kwargs is not None and not flagged and self.BOUNDS
         if kind in ALWAYS_FINITE and not flagged:
-            self._remember_finite(outputs, writing, bump)
+            self._remember_finite(outputs, writing, bump, self._out_bound(op, args, kwargs, writing)
+                                  if bounds else None)
             self._recycle(cloned)
             return
         if not flagged and (kind in FINITE_PRESERVING and op.overload != "dtype"
@@ -68,9 +77,16 @@ class CpuPath:
                 return
             if judged and not any(v and v != _UNKNOWN for v in judged):
                 if _UNKNOWN not in judged:      # finite inputs: finite outputs, no reduction
-                    self._remember_finite(outputs, writing, bump)
+                    self._remember_finite(outputs, writing, bump, self._out_bound(op, args, kwargs, writing)
+                                          if bounds else None)
                 # else an input not read yet: nor are the outputs (read if a verdict needs them;
                 # the input was never judged, so it is no on-purpose Inf the outputs could carry)
+                self._recycle(cloned)
+                return
+        if bounds and kind in RULES:    # outputs bounded from the inputs' magnitudes: finite, no reading
+            b = self._out_bound(op, args, kwargs, writing, outputs)
+            if b is not None and proven_finite(b, outputs):
+                self._remember_finite(outputs, writing, bump, b)
                 self._recycle(cloned)
                 return
         out_vals = [self._value_new(t, bump if id(t) in writing else 0) for t in outputs]
@@ -109,24 +125,96 @@ class CpuPath:
         if cloned and not self._calls:
             self._copies.recycle(self._copies.batch(), _NONE)
 
-    def _remember_finite(self, outputs, writing, bump: int) -> None:
-        """Outputs known finite without a reading (the written ones take autograd's bump)."""
+    def _remember_finite(self, outputs, writing, bump: int, bound: Optional[float] = None) -> None:
+        """Outputs known finite without a reading (the written ones take autograd's bump);
+        ``bound``: a bound of their magnitudes, when known."""
         for t in outputs:
             if isinstance(t, torch.Tensor) and t.dtype in _FLOATS:
-                self._remember(t, 0.0, bump if id(t) in writing else 0)
+                self._remember(t, 0.0, bump if id(t) in writing else 0, bound)
 
-    def _remember(self, t: torch.Tensor, value: Optional[float], bumps: int) -> None:
+    def _remember(self, t: torch.Tensor, value: Optional[float], bumps: int, bound: Optional[float] = None) -> None:
         try:
-            self._known[id(t)] = (weakref.ref(t), t._version, value, bumps)
+            self._known[id(t)] = (weakref.ref(t), t._version, value, bumps, bound)
         except TypeError:       # no weak reference to this tensor type: read again when needed
             pass
+
+    # ------------------------------------------------------------------ magnitude bounds
+    def _bound(self, t):
+        """The known facts ``(B, L)`` of a finite tensor this iteration (:mod:`.overflow_bounds`;
+        None: unknown)."""
+        entry = self._known.get(id(t))
+        if (entry is not None and len(entry) > 4 and entry[2] == 0.0 and entry[0]() is t
+                and 0 <= t._version - entry[1] <= entry[3]):
+            return entry[4]
+        return None
+
+    def _out_bound(self, op, args, kwargs, writing, outputs=None):
+        """:func:`.overflow_bounds.output_bound` of an operator that ran (a written argument
+        counts with its facts before the write).  ``outputs`` given: arguments not read yet
+        (and not written) are read now when they hold fewer elements than the outputs (the
+        reading they spare), so that the rule applies."""
+        if writing:
+            pre, known = self._prewrite_bound, self._bound
+            bound = lambda t: pre.get(id(t)) if id(t) in writing else known(t)  # noqa: E731
+        else:
+            bound = self._bound
+        got = output_bound(op.op_type, op.overload, args, kwargs, bound)
+        if got is None and outputs is not None:
+            missing = [t for t in float_tensors(args, kwargs) if bound(t) is None]
+            if (not missing or any(id(t) in writing or not t.is_cpu or not t.numel() for t in missing)
+                    or sum(t.numel() for t in missing) >= sum(t.numel() for t in outputs
+                                                              if isinstance(t, torch.Tensor))):
+                return None
+            for t in missing:
+                if self._value_of(t) != 0.0:
+                    return None
+            got = output_bound(op.op_type, op.overload, args, kwargs, bound)
+        return got
+
+    def _prove_before(self, op, args, kwargs, written) -> bool:
+        """Before an in-place operator runs: are its outputs finite by their bounds
+        (:mod:`.overflow_bounds`)?  Then it cannot be an overflow origin and needs no
+        pre-write copy, nor its outputs a reading.  Arguments not read yet this iteration
+        are read now (one pass each) when that costs less than the copy and the reading
+        it saves (their elements at most twice the written ones)."""
+        if kwargs is None or op.nonfinite_args:
+            return False
+        writing = frozenset(map(id, written))
+        pre, known = self._prewrite_bound, self._bound
+
+        def bound(t):
+            return pre.get(id(t)) if id(t) in writing else known(t)
+
+        missing = [t for t in float_tensors(args, kwargs) if bound(t) is None]
+        if missing:
+            if op.op_type not in _BOUND_RULES:
+                return False
+            if sum(t.numel() for t in missing) > 2 * sum(t.numel() for t in written):
+                return False
+            prewrite = self._prewrite
+            for t in missing:
+                if not t.is_cpu:
+                    return False
+                if id(t) in writing:
+                    if prewrite.get(id(t), 0.0) != 0.0 or not t.numel():   # known not finite, or empty
+                        return False
+                    value, b = read_now(t)
+                    prewrite[id(t)] = value
+                    pre[id(t)] = b
+                elif self._value_of(t) != 0.0:
+                    return False
+        b = output_bound(op.op_type, op.overload, args, kwargs, bound)
+        if b is None or not proven_finite(b, written) or not all(t.is_cpu for t in written):
+            return False
+        self._proven = (op, b)
+        return True
 
     def _value_new(self, t, bumps: int) -> Optional[float]:
         """An output's value, read now (None: not a floating tensor with elements)."""
         if not isinstance(t, torch.Tensor) or t.dtype not in _FLOATS or not t.numel():
             return None
-        value = value_now(t)
-        self._remember(t, value, bumps)
+        value, bound = read_now(t)
+        self._remember(t, value, bumps, bound)
         return value
 
     def _value_of(self, t, read: bool = True) -> Optional[float]:
@@ -140,6 +228,7 @@ class CpuPath:
             return _UNINIT if entry[2] is None else entry[2]
         if not read:
             return _UNKNOWN
-        value = value_now(t)
-        self._remember(t, value, 0)
+        value, bound = read_now(t)
+        self._remember(t, value, 0, bound)
         return value
+

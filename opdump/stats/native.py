@@ -59,7 +59,8 @@ from . import contract
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = tuple(os.path.join(_HERE, n) for n in
-                ("native_module.cpp", "cpu_kernel.cpp", "cell_text.cpp", "stats_memo.cpp", "row_sink.cpp")) + (
+                ("native_module.cpp", "cpu_kernel.cpp", "cell_text.cpp", "stats_memo.cpp", "row_sink.cpp",
+                 "finite_bound.cpp")) + (
     # the native eager capture's observer (opdump/capture/eager/native), exported as `eager_observer`
     os.path.join(os.path.dirname(_HERE), "capture", "eager", "native", "observer.cpp"),)
 HEADERS = tuple(os.path.join(_HERE, n) for n in ("contract.h", "stats_memo.h"))
@@ -318,6 +319,15 @@ def fused_stats() -> Optional[Callable]:
     (see ``cpu_kernel.cpp``); None when the module is unavailable."""
     mod = module()
     return None if mod is None else mod.fused_stats
+
+
+def finite_bound() -> Optional[Callable]:
+    """``finite_bound(tensor)``: max ``|x|`` of a dense CPU float32/float64/float16/bfloat16 tensor
+    (NaN when an element is NaN, inf when one is ±Inf), or None for one it does not handle
+    (``finite_bound.cpp``, the overflow watch's reading); None when the module is unavailable
+    or was built without it."""
+    mod = module()
+    return None if mod is None else getattr(mod, "finite_bound", None)
 
 
 def host_stats() -> Optional[Callable]:
