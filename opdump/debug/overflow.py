@@ -10,10 +10,13 @@ finite, Inf only, or some NaN.
 
 Operators whose tensors are all on the CPU (:mod:`.overflow_now`) are read and judged as
 they return -- a CPU reduction has finished when it returns, so this adds no sync: the
-outputs' values are read at once (:mod:`.overflow_values`: the native one-pass kernel for
-small fp32 tensors, ``t.sum()`` for larger ones, ``aminmax`` for fp16/bf16), an operator
-whose outputs are finite is forgotten at once (no reference held), and inputs are read
-only when an output is not finite.
+outputs' values are read at once (:mod:`.overflow_values`: the native integer pass
+``finite_bound``, which also gives the largest magnitude and the sign), an operator whose
+outputs are finite is forgotten at once (no reference held), and inputs are read only when
+an output is not finite.  An operator whose outputs' magnitudes are bounded by its
+inputs' well inside its dtype's range (:mod:`.overflow_bounds`: matrix products, the
+optimizer's arithmetic…) is neither read nor, when it writes in place, copied: it cannot
+be an origin.
 
 Operators with a tensor on another device are held (references, not copies) with one
 flag per floating tensor, computed on the tensor's own device without a sync, one

@@ -95,17 +95,33 @@ _VALUE_ARGS = frozenset(("clamp", "clamp_", "hardtanh", "hardtanh_", "threshold"
 def _preserving(op_type, facts, args, kwargs) -> Optional[Facts]:
     """Rearranging, selecting, clamping or squashing operators (:data:`FINITE_PRESERVING`):
     each output element is an input element, 0, within [-1, 1] (``sigmoid``, ``sign``…) or,
-    for :data:`_VALUE_ARGS`, a number argument (the others' numbers are sizes and dims)."""
-    m = _top_numbers(args, kwargs)
-    if m is None:
-        return None
-    b = 0.0
-    for t in float_tensors(args, kwargs):
-        f = facts(t)
-        if f is None:
-            return None
-        b = max(b, f[0])
-    b = max(b, m, 1.0) if op_type in _VALUE_ARGS else max(b, 1.0)
+    for :data:`_VALUE_ARGS`, a number argument (the others' numbers are sizes and dims).
+    One loop over the arguments: this runs for every view, ``t``, ``detach``, ``relu``…"""
+    b = 1.0
+    values = op_type in _VALUE_ARGS
+    for a in (list(args) + list(kwargs.values())) if kwargs else args:
+        if isinstance(a, torch.Tensor):
+            if a.is_floating_point():
+                f = facts(a)
+                if f is None:
+                    return None
+                if f[0] > b:
+                    b = f[0]
+        elif isinstance(a, float):
+            if not -_INF < a < _INF:
+                return None
+            if values and abs(a) > b:
+                b = abs(a)
+        elif isinstance(a, (list, tuple)):
+            for t in a:
+                if isinstance(t, torch.Tensor) and t.is_floating_point():
+                    f = facts(t)
+                    if f is None:
+                        return None
+                    if f[0] > b:
+                        b = f[0]
+        elif values and isinstance(a, int) and not isinstance(a, bool) and abs(a) > b:
+            b = float(abs(a))
     return b, -b
 
 
@@ -221,6 +237,45 @@ def _matmul(inner: Callable[[Sequence], Optional[int]], with_input: bool):
     return rule
 
 
+def _reduced(x: torch.Tensor, dims) -> Optional[int]:
+    """How many elements each output of a reduction of ``x`` over ``dims`` sums."""
+    if dims is None or (isinstance(dims, (list, tuple)) and not dims):
+        return x.numel()
+    if isinstance(dims, int):
+        dims = (dims,)
+    k = 1
+    for d in dims:
+        if not isinstance(d, int) or not -x.dim() <= d < max(x.dim(), 1):
+            return None
+        k *= int(x.shape[d]) if x.dim() else 1
+    return k
+
+
+def _sum(facts, args, kwargs):
+    # sum / mean over dims: every partial sum of k terms is at most k * B (a mean too, before /k)
+    if (not args or not isinstance(args[0], torch.Tensor) or (kwargs and kwargs.get("dtype") is not None)
+            or (len(args) > 3 and args[3] is not None)):      # a dtype: the sum may be narrower
+        return None
+    x = _facts(facts, args[0])
+    k = _reduced(args[0], args[1] if len(args) > 1 else None)
+    if x is None or k is None:
+        return None
+    B = k * x[0] * (1.0 + k * 2.0 ** -7)
+    return B, (-B if x[1] < 0 else 0.0)
+
+
+def _softmax_backward(facts, args, kwargs):
+    # y * (g - sum_j g_j y_j) over dim: |.| <= By * (Bg + k * Bg * By), every partial result too
+    if len(args) < 3 or not isinstance(args[0], torch.Tensor) or not isinstance(args[1], torch.Tensor):
+        return None
+    g, y = _facts(facts, args[0]), _facts(facts, args[1])
+    k = _reduced(args[1], args[2])
+    if g is None or y is None or k is None:
+        return None
+    B = max(y[0], 1.0) * (g[0] + k * g[0] * max(y[0], 1.0)) * (1.0 + k * 2.0 ** -7)
+    return B, -B
+
+
 def _inner_last(args) -> Optional[int]:
     a = args[-2]
     return int(a.shape[-1]) if a.dim() >= 1 else None
@@ -237,11 +292,12 @@ RULES: Dict[str, Callable] = {
     "addcdiv_": _addcdiv, "sqrt": _sqrt, "sqrt_": _sqrt,
     "mm": _matmul(_inner_last, False), "bmm": _matmul(_inner_last, False),
     "addmm": _matmul(_inner_last, True), "baddbmm": _matmul(_inner_last, True),
+    "sum": _sum, "mean": _sum, "_softmax_backward_data": _softmax_backward,
     "bernoulli": _ones, "bernoulli_": _ones, "zeros": _ones, "zeros_like": _ones, "new_zeros": _ones,
     "ones": _ones, "ones_like": _ones, "new_ones": _ones,
     "_softmax": _ones, "_safe_softmax": _ones, "softmax": _ones,
 }
-_NUMBER_OVERLOADS = frozenset(("Tensor", "Scalar", "default", "float"))
+_NUMBER_OVERLOADS = frozenset(("Tensor", "Scalar", "default", "float", "dim_IntList", "dim"))
 _SOFTMAX = frozenset(("_softmax", "_safe_softmax", "softmax"))
 
 

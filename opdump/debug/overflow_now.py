@@ -10,6 +10,13 @@ outputs is forgotten as it returns), no flag tensors, no batch closed before an 
 write, no input read unless a verdict needs it (:func:`.origin.judge` gives one that
 matters only when an output is non-finite).
 
+Bounds (:mod:`.overflow_bounds`): each reading also gives the tensor's facts (largest
+magnitude, sign); an operator whose outputs the rules bound well inside their dtype's
+range from its arguments' facts is not read (its outputs remember the bound), and an
+in-place one is proved before it runs (:meth:`CpuPath._prove_before`), so it gets no
+pre-write copy either; arguments not read yet are read for that when they are the smaller
+side.
+
 Guarantees (the batched path's): the same verdicts, in execution order (held device
 operators are judged before a CPU operator's verdict); a written input is judged by its
 value before the write (its pre-write copy, or the value known before the write); each
@@ -166,10 +173,18 @@ class CpuPath:
                                                               if isinstance(t, torch.Tensor))):
                 return None
             for t in missing:
-                if self._value_of(t) != 0.0:
+                if not self._read_facts(t):
                     return None
             got = output_bound(op.op_type, op.overload, args, kwargs, bound)
         return got
+
+    def _read_facts(self, t) -> bool:
+        """Read an argument (not written by the operator) for its facts: is it finite?  One
+        known not finite or uninitialized is not read again (its verdict stays as it was)."""
+        v = self._value_of(t, False)
+        if v == _UNKNOWN or v == 0.0:
+            return self._value_new(t, 0) == 0.0
+        return False
 
     def _prove_before(self, op, args, kwargs, written) -> bool:
         """Before an in-place operator runs: are its outputs finite by their bounds
@@ -201,7 +216,7 @@ class CpuPath:
                     value, b = read_now(t)
                     prewrite[id(t)] = value
                     pre[id(t)] = b
-                elif self._value_of(t) != 0.0:
+                elif not self._read_facts(t):
                     return False
         b = output_bound(op.op_type, op.overload, args, kwargs, bound)
         if b is None or not proven_finite(b, written) or not all(t.is_cpu for t in written):
