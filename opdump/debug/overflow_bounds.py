@@ -88,17 +88,17 @@ def _facts(facts, x) -> Optional[Facts]:
 
 
 #: finite-preserving operators whose outputs may hold one of their number arguments
-_VALUE_ARGS = frozenset(("clamp", "clamp_", "hardtanh", "hardtanh_", "threshold", "threshold_", "fill_",
+VALUE_ARGS = frozenset(("clamp", "clamp_", "hardtanh", "hardtanh_", "threshold", "threshold_", "fill_",
                          "masked_fill", "masked_fill_", "where"))
 
 
 def _preserving(op_type, facts, args, kwargs) -> Optional[Facts]:
     """Rearranging, selecting, clamping or squashing operators (:data:`FINITE_PRESERVING`):
     each output element is an input element, 0, within [-1, 1] (``sigmoid``, ``sign``…) or,
-    for :data:`_VALUE_ARGS`, a number argument (the others' numbers are sizes and dims).
+    for :data:`VALUE_ARGS`, a number argument (the others' numbers are sizes and dims).
     One loop over the arguments: this runs for every view, ``t``, ``detach``, ``relu``…"""
     b = 1.0
-    values = op_type in _VALUE_ARGS
+    values = op_type in VALUE_ARGS
     for a in (list(args) + list(kwargs.values())) if kwargs else args:
         if isinstance(a, torch.Tensor):
             if a.is_floating_point():

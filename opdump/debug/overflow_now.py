@@ -31,7 +31,7 @@ from typing import Optional
 
 import torch
 
-from .overflow_bounds import RULES, float_tensors, output_bound, proven_finite
+from .overflow_bounds import VALUE_ARGS, RULES, float_tensors, output_bound, proven_finite
 from .overflow_rules import ALWAYS_FINITE, FINITE_PRESERVING, UNINITIALIZED, scales_down
 from .overflow_values import read_now
 
@@ -75,8 +75,13 @@ class CpuPath:
             return
         if not flagged and (kind in FINITE_PRESERVING and op.overload != "dtype"
                             or scales_down(kind, op.overload, args)):
-            in_vals = ([self._value_of(t, False) for t in inputs] if not writing
-                       else self._values_before(inputs, writing))
+            plain = bounds and not writing and kind not in VALUE_ARGS and kind in FINITE_PRESERVING
+            if plain:           # values and facts in one look-up each (views, t, detach, relu…)
+                known = [self._value_facts(t) for t in inputs]
+                in_vals = [v for v, _ in known]
+            else:
+                in_vals = ([self._value_of(t, False) for t in inputs] if not writing
+                           else self._values_before(inputs, writing))
             judged = [v for v in in_vals if v is not None]
             if _UNINIT in judged:       # an input nobody wrote yet: nor are the outputs judged
                 for t in outputs:
@@ -84,8 +89,18 @@ class CpuPath:
                 return
             if judged and not any(v and v != _UNKNOWN for v in judged):
                 if _UNKNOWN not in judged:      # finite inputs: finite outputs, no reduction
-                    self._remember_finite(outputs, writing, bump, self._out_bound(op, args, kwargs, writing)
-                                          if bounds else None)
+                    if plain:   # .overflow_bounds._preserving: the largest input bound (and 1)
+                        b = 1.0
+                        for v, f in known:
+                            if v is not None:
+                                if f is None:
+                                    b = None
+                                    break
+                                b = max(b, f[0])
+                        facts = None if b is None else (b, -b)
+                    else:
+                        facts = self._out_bound(op, args, kwargs, writing) if bounds else None
+                    self._remember_finite(outputs, writing, bump, facts)
                 # else an input not read yet: nor are the outputs (read if a verdict needs them;
                 # the input was never judged, so it is no on-purpose Inf the outputs could carry)
                 self._recycle(cloned)
@@ -231,6 +246,18 @@ class CpuPath:
         value, bound = read_now(t)
         self._remember(t, value, bumps, bound)
         return value
+
+    def _value_facts(self, t) -> tuple:
+        """``(value, facts)`` of an input known this iteration, without reading it: the value
+        as :meth:`_value_of` with ``read`` False gives it, the facts when known (else None)."""
+        if not isinstance(t, torch.Tensor) or t.dtype not in _FLOATS or not t.numel():
+            return None, None
+        entry = self._known.get(id(t))
+        if entry is not None and entry[0]() is t and 0 <= t._version - entry[1] <= entry[3]:
+            if entry[2] is None:
+                return _UNINIT, None
+            return entry[2], (entry[4] if len(entry) > 4 and entry[2] == 0.0 else None)
+        return _UNKNOWN, None
 
     def _value_of(self, t, read: bool = True) -> Optional[float]:
         """An input's value: the one known this iteration (same tensor, same version, not
