@@ -288,3 +288,30 @@ def test_proved_outputs_are_not_read(tmp_path, monkeypatch):
     with_rules, read[:] = sum(read), []
     _train(tmp_path / "off", False, monkeypatch)
     assert with_rules < 0.6 * sum(read), (with_rules, sum(read))
+
+
+class Tied(nn.Module):
+    def forward(self, x, w):
+        x = x * 2.0              # read: its facts
+        h = x @ w.t()            # w.t() is read for mm's bound (the smaller side): w gets its facts
+        return h, w * 3.0        # proved from w's facts: not read
+
+
+@needs_native
+def test_a_view_of_all_of_its_base_gives_the_base_its_facts(tmp_path, monkeypatch):
+    # the shortcut: the facts read through a weight's .t() are the weight's (the same
+    # elements, the shared version counter); without it w * 3.0 is read
+    import opdump.debug.overflow_now as now
+    shapes = []
+    real = now.read_now
+
+    def counted(t):
+        shapes.append(tuple(t.shape))
+        return real(t)
+
+    monkeypatch.setattr(now, "read_now", counted)
+    cfg = write_config(tmp_path, common={"op_debug_mode": 3})
+    with opdump.Session(cfg) as session, EagerCapture(session):
+        Tied()(torch.randn(100, 16), torch.randn(8, 16))
+        session.step()
+    assert (16, 8) in shapes and (8, 16) not in shapes, shapes

@@ -123,6 +123,7 @@ class OverflowWatch(CpuPath, DevicePath):
         self._prewrite: Dict[int, Optional[float]] = {}  # id(written tensor) -> its value before the write
         self._prewrite_bound: Dict[int, Optional[float]] = {}  # id(written tensor) -> its bound before the write
         self._proven = None                     # (op, bound): the in-place operator proved finite before it ran
+        self._places: Dict[tuple, int] = {}     # (data_ptr, dtype, shape, strides) -> id(tensor) with facts
         self._writing: frozenset = _NONE        # ids of the tensors the operator being run writes
         self._copies = CopyPool()               # the private pre-write copies (reused)
         self._on_purpose: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()
@@ -341,6 +342,7 @@ class OverflowWatch(CpuPath, DevicePath):
         events, self._events = self._events, []
         touched, self._touched = list(self._touched), {}
         self._known = {}
+        self._places = {}
         self._proven = None
         self._on_purpose = weakref.WeakValueDictionary()
         broken, self._broken = self._broken, False

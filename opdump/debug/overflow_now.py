@@ -158,7 +158,19 @@ class CpuPath:
         try:
             self._known[id(t)] = (weakref.ref(t), t._version, value, bumps, bound)
         except TypeError:       # no weak reference to this tensor type: read again when needed
-            pass
+            return
+        if bound is not None:   # found again by its memory (autograd's saved tensors: new objects)
+            try:
+                self._places[(t.data_ptr(), t.dtype, t.shape, t.stride())] = id(t)
+                base = t._base
+                # a view of all of its base's elements (a weight's .t()): the base has its facts,
+                # at the version they share (a parameter's views are temporary, the parameter is not)
+                if (base is not None and id(base) not in self._known and base.numel() == t.numel()
+                        and base.dtype is t.dtype and value == 0.0 and t.storage_offset() == base.storage_offset()
+                        and base.is_contiguous() and (t.is_contiguous() or t.dim() == 2 and t.t().is_contiguous())):
+                    self._remember(base, value, bumps, bound)
+            except Exception:   # noqa: BLE001 - a tensor without plain storage: by id only
+                pass
 
     # ------------------------------------------------------------------ magnitude bounds
     def _bound(self, t):
@@ -168,7 +180,26 @@ class CpuPath:
         if (entry is not None and len(entry) > 4 and entry[2] == 0.0 and entry[0]() is t
                 and 0 <= t._version - entry[1] <= entry[3]):
             return entry[4]
-        return None
+        return self._bound_by_place(t)
+
+    def _bound_by_place(self, t):
+        """The facts of a live tensor with the same memory, dtype, shape and strides as ``t``
+        whose version counter ``t`` shares at the same version: a saved tensor autograd hands
+        to a backward operator is a new object over the forward tensor's memory.  The live
+        owner keeps the memory from being reused; the shared counter moves with any write."""
+        try:
+            key = (t.data_ptr(), t.dtype, t.shape, t.stride())
+        except Exception:   # noqa: BLE001 - a tensor without plain storage
+            return None
+        i = self._places.get(key)
+        entry = self._known.get(i) if i is not None else None
+        if entry is None or len(entry) < 5 or entry[2] != 0.0 or entry[4] is None:
+            return None
+        o = entry[0]()
+        if (o is None or not 0 <= o._version - entry[1] <= entry[3] or o._version != t._version
+                or o.data_ptr() != key[0] or o.dtype is not t.dtype or o.shape != t.shape or o.stride() != key[3]):
+            return None
+        return entry[4]
 
     def _out_bound(self, op, args, kwargs, writing, outputs=None):
         """:func:`.overflow_bounds.output_bound` of an operator that ran (a written argument
