@@ -26,6 +26,13 @@ needs_native = pytest.mark.skipif(native.finite_bound() is None,
                                   reason="the native module (opdump/stats/finite_bound.cpp) is not built here")
 
 
+@pytest.fixture(autouse=True)
+def _rules_for_small_tensors(monkeypatch):
+    """The rules apply from OverflowWatch.BOUND_MIN elements on (below, a reading is cheaper);
+    these tests use small tensors."""
+    monkeypatch.setattr(OverflowWatch, "BOUND_MIN", 0)
+
+
 def _facts(t):
     value, facts = read_now(t)
     return facts if value == 0.0 else None

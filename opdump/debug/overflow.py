@@ -99,6 +99,9 @@ class OverflowWatch(CpuPath, DevicePath):
     #: CPU operators whose outputs' magnitudes are bounded by their inputs' are neither read
     #: nor copied before an in-place write (:mod:`.overflow_bounds`); False: read and copied
     BOUNDS = True
+    #: ... for outputs (written tensors) of at least this many elements: below, a native
+    #: reading (or a pooled copy) costs less than the rules' Python
+    BOUND_MIN = 8192
 
     def __init__(self, limit: int, record: Callable, folder: Optional[Callable[[], str]], layout: Callable):
         self.limit = int(limit)

@@ -105,7 +105,8 @@ class CpuPath:
                 # the input was never judged, so it is no on-purpose Inf the outputs could carry)
                 self._recycle(cloned)
                 return
-        if bounds and kind in RULES:    # outputs bounded from the inputs' magnitudes: finite, no reading
+        if (bounds and kind in RULES    # outputs bounded from the inputs' magnitudes: finite, no reading
+                and sum(t.numel() for t in outputs if isinstance(t, torch.Tensor)) >= self.BOUND_MIN):
             b = self._out_bound(op, args, kwargs, writing, outputs)
             if b is not None and proven_finite(b, outputs):
                 self._remember_finite(outputs, writing, bump, b)
@@ -159,7 +160,7 @@ class CpuPath:
             self._known[id(t)] = (weakref.ref(t), t._version, value, bumps, bound)
         except TypeError:       # no weak reference to this tensor type: read again when needed
             return
-        if bound is not None:   # found again by its memory (autograd's saved tensors: new objects)
+        if bound is not None and t.numel() >= self.BOUND_MIN:   # found again by its memory (saved tensors)
             try:
                 self._places[(t.data_ptr(), t.dtype, t.shape, t.stride())] = id(t)
                 base = t._base
@@ -238,7 +239,7 @@ class CpuPath:
         pre-write copy, nor its outputs a reading.  Arguments not read yet this iteration
         are read now (one pass each) when that costs less than the copy and the reading
         it saves (their elements at most twice the written ones)."""
-        if kwargs is None or op.nonfinite_args:
+        if kwargs is None or op.nonfinite_args or sum(t.numel() for t in written) < self.BOUND_MIN:
             return False
         writing = frozenset(map(id, written))
         pre, known = self._prewrite_bound, self._bound
