@@ -156,7 +156,8 @@ class Net(nn.Module):
         return self.fc2(torch.relu(self.fc1(x)) * self.boost)
 
 
-def _train(tmp_path, bounds: bool, monkeypatch, boost_at=None, boost=1.0, opt="adamw", steps=3):
+def _train(tmp_path, bounds: bool, monkeypatch, boost_at=None, boost=1.0, opt="adamw", steps=3,
+           dtype=torch.float32):
     """``steps`` eager training steps under the watch; the dumped files and the summaries,
     and the number of pre-write copies."""
     monkeypatch.setattr(OverflowWatch, "BOUNDS", bounds)
@@ -169,10 +170,10 @@ def _train(tmp_path, bounds: bool, monkeypatch, boost_at=None, boost=1.0, opt="a
 
     monkeypatch.setattr(CopyPool, "copy", counted)
     torch.manual_seed(0)
-    model = Net()
+    model = Net().to(dtype)
     optim = (torch.optim.AdamW(model.parameters(), lr=1e-2) if opt == "adamw"
              else torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9))
-    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+    x, y = torch.randn(8, 16).to(dtype), torch.randint(0, 4, (8,))
     tmp_path.mkdir()
     cfg = write_config(tmp_path, common={"op_debug_mode": 3})
     with opdump.Session(cfg) as session, EagerCapture(session):
@@ -202,12 +203,13 @@ def test_optimizer_writes_are_not_copied(tmp_path, monkeypatch, opt):
 
 
 @needs_native
-@pytest.mark.parametrize("opt", ["adamw", "sgd"])
-def test_same_overflows_files_and_values_with_and_without_the_rules(tmp_path, monkeypatch, opt):
-    # step 1 overflows in the forward (boost 1e38: relu(fc1) * boost) and then everywhere
-    # downstream, the optimizer included; the rules change no verdict, file or value
-    on = _train(tmp_path / "on", True, monkeypatch, boost_at=1, boost=1e38, opt=opt)
-    off = _train(tmp_path / "off", False, monkeypatch, boost_at=1, boost=1e38, opt=opt)
+@pytest.mark.parametrize("opt, dtype, boost", [("adamw", torch.float32, 1e38), ("sgd", torch.float32, 1e38),
+                                               ("adamw", torch.float16, 3e4), ("sgd", torch.bfloat16, 1e38)])
+def test_same_overflows_files_and_values_with_and_without_the_rules(tmp_path, monkeypatch, opt, dtype, boost):
+    # step 1 overflows in the forward (relu(fc1) * boost) and then everywhere downstream,
+    # the optimizer included; the rules change no verdict, file or value
+    on = _train(tmp_path / "on", True, monkeypatch, boost_at=1, boost=boost, opt=opt, dtype=dtype)
+    off = _train(tmp_path / "off", False, monkeypatch, boost_at=1, boost=boost, opt=opt, dtype=dtype)
     assert on[1] == off[1] and any(on[1].values())
     assert [k for k, _ in on[0]] == [k for k, _ in off[0]] and on[0]
     for (key, arr), (_, other) in zip(on[0], off[0]):
