@@ -10,10 +10,13 @@ finite, Inf only, or some NaN.
 
 Operators whose tensors are all on the CPU (:mod:`.overflow_now`) are read and judged as
 they return -- a CPU reduction has finished when it returns, so this adds no sync: the
-outputs' values are read at once (:mod:`.overflow_values`: the native one-pass kernel for
-small fp32 tensors, ``t.sum()`` for larger ones, ``aminmax`` for fp16/bf16), an operator
-whose outputs are finite is forgotten at once (no reference held), and inputs are read
-only when an output is not finite.
+outputs' values are read at once (:mod:`.overflow_values`: the native integer pass
+``finite_bound``, which also gives the largest magnitude and the sign), an operator whose
+outputs are finite is forgotten at once (no reference held), and inputs are read only when
+an output is not finite.  An operator whose outputs' magnitudes are bounded by its
+inputs' well inside its dtype's range (:mod:`.overflow_bounds`: matrix products, the
+optimizer's arithmetic…) is neither read nor, when it writes in place, copied: it cannot
+be an origin.
 
 Operators with a tensor on another device are held (references, not copies) with one
 flag per floating tensor, computed on the tensor's own device without a sync, one
@@ -93,6 +96,12 @@ class OverflowWatch(CpuPath, DevicePath):
     #: CPU operators read and judged as they return (:mod:`.overflow_now`); False: held and
     #: judged by batch like device operators (the tests compare both paths on the CPU)
     READ_CPU_NOW = True
+    #: CPU operators whose outputs' magnitudes are bounded by their inputs' are neither read
+    #: nor copied before an in-place write (:mod:`.overflow_bounds`); False: read and copied
+    BOUNDS = True
+    #: ... for outputs (written tensors) of at least this many elements: below, a native
+    #: reading (or a pooled copy) costs less than the rules' Python
+    BOUND_MIN = 8192
 
     def __init__(self, limit: int, record: Callable, folder: Optional[Callable[[], str]], layout: Callable):
         self.limit = int(limit)
@@ -115,6 +124,9 @@ class OverflowWatch(CpuPath, DevicePath):
         self._events: List[tuple] = []         # (where, event)
         self._touched: Dict[str, None] = {}    # folders written this iteration (graph calls), in order
         self._prewrite: Dict[int, Optional[float]] = {}  # id(written tensor) -> its value before the write
+        self._prewrite_bound: Dict[int, Optional[float]] = {}  # id(written tensor) -> its bound before the write
+        self._proven = None                     # (op, bound): the in-place operator proved finite before it ran
+        self._places: Dict[tuple, int] = {}     # (data_ptr, dtype, shape, strides) -> id(tensor) with facts
         self._writing: frozenset = _NONE        # ids of the tensors the operator being run writes
         self._copies = CopyPool()               # the private pre-write copies (reused)
         self._on_purpose: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()
@@ -154,22 +166,36 @@ class OverflowWatch(CpuPath, DevicePath):
                     self.flush()
             except Exception as exc:   # noqa: BLE001 - never into the training thread
                 self._fail(exc)
-        known, prewrite = self._known, {}
+        known, prewrite, bounds = self._known, {}, {}
+        self._proven = None
         try:
             for t in written:       # their values read so far are stale after the write...
                 entry = known.pop(id(t), None)
                 if entry is not None and entry[0]() is t and 0 <= t._version - entry[1] <= entry[3]:
                     prewrite[id(t)] = entry[2]      # ...but still those of its pre-write copy
+                    if len(entry) > 4 and entry[2] == 0.0:
+                        bounds[id(t)] = entry[4]
             self._writing = frozenset(map(id, written))
         except Exception as exc:   # noqa: BLE001 - never into the training thread
             self._fail(exc)
-        self._prewrite = prewrite
+        self._prewrite, self._prewrite_bound = prewrite, bounds
 
-    def copy_written(self, inputs: Sequence, written: Sequence[torch.Tensor]) -> tuple:
+    def copy_written(self, inputs: Sequence, written: Sequence[torch.Tensor], op=None, args: Sequence = (),
+                     kwargs: Optional[dict] = None) -> tuple:
         """``(saved, cloned)``: ``inputs`` with a private copy of each tensor in ``written``
         (taken now, before the operator writes it) and the list of those copies.  A copy
         whose tensor's value is already known this iteration (read by :meth:`before_write`'s
-        judging, or an earlier batch) reuses that value: no reduction of its own."""
+        judging, or an earlier batch) reuses that value: no reduction of its own.  No copy
+        at all when the magnitudes of the arguments (``op`` called with ``args`` and
+        ``kwargs``; None: not given) prove its outputs finite (:mod:`.overflow_bounds`):
+        it cannot be an overflow origin."""
+        if op is not None and self.BOUNDS and not self._broken:
+            try:
+                if self._prove_before(op, args, kwargs, written):
+                    self._prewrite = {}
+                    return list(inputs), []
+            except Exception as exc:   # noqa: BLE001 - never into the training thread
+                self._fail(exc)
         ids = {id(t) for t in written}
         prewrite, self._prewrite = self._prewrite, {}
         saved, cloned = [], []
@@ -195,11 +221,12 @@ class OverflowWatch(CpuPath, DevicePath):
         return saved, cloned
 
     def add(self, op, inputs: Sequence, outputs: Sequence, flagged: bool, cloned: Sequence = (),
-            where: Optional[str] = None, args: Sequence = ()) -> None:
+            where: Optional[str] = None, args: Sequence = (), kwargs: Optional[dict] = None) -> None:
         """One operator that ran: ``inputs`` as they were before it ran, ``outputs`` after;
         ``cloned``: the private copies among ``inputs``; ``where``: its iteration folder
         (graph calls; None: the eager ``folder()``); ``args``: its positional arguments
-        (:func:`.overflow_rules.scales_down`; empty: not known)."""
+        (:func:`.overflow_rules.scales_down`; empty: not known); ``kwargs``: its keyword
+        arguments (:mod:`.overflow_bounds`; None: not known, no bound rule)."""
         if self._broken:
             return
         try:
@@ -216,7 +243,7 @@ class OverflowWatch(CpuPath, DevicePath):
                             cpu = False
                             break
             if cpu:
-                return self._add_now(op, inputs, outputs, flagged, cloned, where, writing, args)
+                return self._add_now(op, inputs, outputs, flagged, cloned, where, writing, args, kwargs)
             flag_in = self._flag_in
             inputs, outputs = list(inputs), list(outputs)
             in_flags = [flag_in(t) for t in inputs]
@@ -318,6 +345,8 @@ class OverflowWatch(CpuPath, DevicePath):
         events, self._events = self._events, []
         touched, self._touched = list(self._touched), {}
         self._known = {}
+        self._places = {}
+        self._proven = None
         self._on_purpose = weakref.WeakValueDictionary()
         broken, self._broken = self._broken, False
         try:

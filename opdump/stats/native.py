@@ -2,7 +2,8 @@
 
 The module (``native_module.cpp`` and the parts it exports: ``cpu_kernel.cpp``'s one-pass
 CPU statistics ``fused_stats`` and ``host_stats``, ``cell_text.cpp``'s ``format_cells``, ``stats_memo.cpp``'s
-``StatsMemo``, ``row_sink.cpp``'s ``RowSink``) is optional: every use of it has an exact
+``StatsMemo``, ``row_sink.cpp``'s ``RowSink``, ``finite_bound.cpp``'s ``finite_bound``, the overflow
+watch's reading) is optional: every use of it has an exact
 Python/torch twin, taken when :func:`module` is None.
 
 Why it is built ahead and loaded without a lock
@@ -59,7 +60,8 @@ from . import contract
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = tuple(os.path.join(_HERE, n) for n in
-                ("native_module.cpp", "cpu_kernel.cpp", "cell_text.cpp", "stats_memo.cpp", "row_sink.cpp")) + (
+                ("native_module.cpp", "cpu_kernel.cpp", "cell_text.cpp", "stats_memo.cpp", "row_sink.cpp",
+                 "finite_bound.cpp")) + (
     # the native eager capture's observer (opdump/capture/eager/native), exported as `eager_observer`
     os.path.join(os.path.dirname(_HERE), "capture", "eager", "native", "observer.cpp"),)
 HEADERS = tuple(os.path.join(_HERE, n) for n in ("contract.h", "stats_memo.h"))
@@ -318,6 +320,15 @@ def fused_stats() -> Optional[Callable]:
     (see ``cpu_kernel.cpp``); None when the module is unavailable."""
     mod = module()
     return None if mod is None else mod.fused_stats
+
+
+def finite_bound() -> Optional[Callable]:
+    """``finite_bound(tensor)``: max ``|x|`` of a dense CPU float32/float64/float16/bfloat16 tensor
+    (NaN when an element is NaN, inf when one is ±Inf), or None for one it does not handle
+    (``finite_bound.cpp``, the overflow watch's reading); None when the module is unavailable
+    or was built without it."""
+    mod = module()
+    return None if mod is None else getattr(mod, "finite_bound", None)
 
 
 def host_stats() -> Optional[Callable]:

@@ -13,6 +13,7 @@
 
 pybind11::object fused_stats(const at::Tensor& x);
 pybind11::object host_stats(const at::Tensor& x);
+pybind11::object finite_bound(const at::Tensor& x);   // finite_bound.cpp (the overflow watch)
 std::vector<std::string> format_cells(const pybind11::list& entries, const std::vector<int>& precisions,
                                       const std::vector<int>& kinds, const std::vector<int>& fused);
 void register_stats_memo(pybind11::module& m);
@@ -44,6 +45,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fused_stats", &fused_stats, "max, min, sum, sum of squares of a dense CPU tensor, or None");
   m.def("host_stats", &host_stats,
         "fused_stats with the host mode's float64 accumulation (opdump/stats/host.py), or None");
+  m.def("finite_bound", &finite_bound, "(max |x|, any sign bit) of a dense CPU float tensor (NaN/inf: one is), or None");
   m.def("format_cells", &format_cells, "statistic.csv cells of each entry, joined by ','");
   register_stats_memo(m);
   register_row_sink(m);

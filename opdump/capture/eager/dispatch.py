@@ -227,14 +227,14 @@ class OperatorPath:
             written = inputs if facts.writes_list else tensors_at(args, kwargs, facts.written)
             watch.before_write(written)
             if facts.writes_list or needs_prewrite_copy(op.op_type, op.overload, op.nonfinite_args, args):
-                saved, cloned = watch.copy_written(inputs, written)
+                saved, cloned = watch.copy_written(inputs, written, op, args, kwargs)
         out = func(*args, **kwargs)
         if written:      # recorded copies of what it wrote are stale
             forget = self.session.recorder.forget
             for t in written:
                 forget(t)
         outputs = tensors_at(args, kwargs, facts.mutated) if facts.mutated else output_slots(out)
-        watch.add(op, saved, outputs, op.nonfinite_args, cloned, args=args)
+        watch.add(op, saved, outputs, op.nonfinite_args, cloned, args=args, kwargs=kwargs)
         if describe:
             self._describe(op, args, kwargs, inputs, outputs)
             self.listing.add(op)
