@@ -13,7 +13,7 @@ and hand-written models with known faults. What broke, each with its regression 
   runs a ``ParametrizationList`` module at top level, which eager capture took for a model
   call: before the first optimizer step every such read started a new iteration, so under
   ``opdump run`` iterations 0-2 of a Wav2Vec2 dump held one ``_weight_norm_interface``
-  operator each and no operator of the model (strict xfail until the eager capture is fixed).
+  operator each and no operator of the model (now set aside: a depth counter in mode.py).
 * ``opdump compare`` of two statistics dumps, graph against eager, raised "boolean value of NA
   is ambiguous": a compiled graph's lifted constants have statistics rows with no iteration.
 * ``opdump ls`` printed ``saved_data=?`` for a config that leaves ``saved_data`` out.
@@ -25,7 +25,7 @@ and hand-written models with known faults. What broke, each with its regression 
   same-tensor shortcut: a C++ kernel writes memory without bumping the version counter), and
   ``opdump compare`` of that dump against an eager one reported a false divergence at the ReLU.
 * The eager overflow watch wrote an ``overflow.json`` for the iteration the last optimizer step
-  opens, in which nothing runs (strict xfail until the overflow watch is fixed).
+  opens, in which nothing runs (now: a summary only for an iteration in which an operator ran).
 """
 import csv
 import os
@@ -96,9 +96,6 @@ class _WeightNormed(nn.Module):
         return self.conv(self.fc(x).transpose(1, 2)).sum()
 
 
-@pytest.mark.xfail(strict=True, reason="eager capture takes a top-level ParametrizationList call (a parametrized "
-                   "weight read outside the model) for a model call; reported to the eager capture's owner, "
-                   "fix in opdump/capture/eager/mode.py _module_pre/_module_post")
 def test_parametrized_weight_read_outside_the_model_is_not_an_iteration(tmp_path):
     torch.manual_seed(0)
     cfg = write_config(tmp_path, common={"saved_data": "statistic", "iteration": "0"})
@@ -196,9 +193,6 @@ def test_launcher_runs_a_module_of_the_current_folder_like_python_m(tmp_path):
     assert os.path.isdir(tmp_path / "dump" / "rank_0" / "Net" / "0" / "0")
 
 
-@pytest.mark.xfail(strict=True, reason="the eager overflow watch writes overflow.json for the iteration the last "
-                   "optimizer step opens, in which no operator runs (opdump/debug/overflow.py finish(): the eager "
-                   "folder gets a summary whenever nothing was touched); reported to the overflow watch's owner")
 def test_overflow_watch_writes_no_summary_for_an_iteration_without_operators(tmp_path):
     """Two training steps are two iterations: ``opdump overflow`` said "3 iteration folder(s)"."""
     torch.manual_seed(0)

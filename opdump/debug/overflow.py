@@ -123,6 +123,7 @@ class OverflowWatch(CpuPath, DevicePath):
         self._indexed = 0                      # calls whose tensors are in _storages
         self._events: List[tuple] = []         # (where, event)
         self._touched: Dict[str, None] = {}    # folders written this iteration (graph calls), in order
+        self._eager_ran = False                # an eager operator was handed over this iteration
         self._prewrite: Dict[int, Optional[float]] = {}  # id(written tensor) -> its value before the write
         self._prewrite_bound: Dict[int, Optional[float]] = {}  # id(written tensor) -> its bound before the write
         self._proven = None                     # (op, bound): the in-place operator proved finite before it ran
@@ -227,6 +228,8 @@ class OverflowWatch(CpuPath, DevicePath):
         (graph calls; None: the eager ``folder()``); ``args``: its positional arguments
         (:func:`.overflow_rules.scales_down`; empty: not known); ``kwargs``: its keyword
         arguments (:mod:`.overflow_bounds`; None: not known, no bound rule)."""
+        if where is None:
+            self._eager_ran = True
         if self._broken:
             return
         try:
@@ -349,12 +352,15 @@ class OverflowWatch(CpuPath, DevicePath):
         self._proven = None
         self._on_purpose = weakref.WeakValueDictionary()
         broken, self._broken = self._broken, False
+        ran, self._eager_ran = self._eager_ran, False
         try:
             for where in {w: None for w, _ in events if w is not None}:
                 if where not in touched:
                     touched.append(where)
             targets = [(w, [e for ew, e in events if ew == w]) for w in touched]
-            if self._folder is not None and (not touched or any(w is None for w, _ in events)):
+            # the eager folder: a summary for an iteration in which an operator ran (the one the
+            # last optimizer step opens runs none) or that has an event of its own
+            if self._folder is not None and ((not touched and (ran or broken)) or any(w is None for w, _ in events)):
                 targets.append((self._folder(), [e for ew, e in events if ew is None]))
             layout = self._layout() if targets else None
             for folder, evs in targets:

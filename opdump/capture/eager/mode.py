@@ -85,6 +85,7 @@ import warnings
 from typing import Any, Dict, Iterable, List, Optional
 
 import torch
+from torch.nn.utils.parametrize import ParametrizationList
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .dispatch import OperatorPath, _DumpMode
@@ -126,6 +127,7 @@ class EagerCapture(NativeEager, OperatorPath):
         self._checked: Optional[int] = None
         self._dumping = False
         self._internal = 0
+        self._aside = 0     # depth of a parametrized attribute's read outside any model call
         self._active = False
         self._started = False
         self._state: Optional[IterationState] = None
@@ -348,6 +350,9 @@ class EagerCapture(NativeEager, OperatorPath):
         if _is_compiling() or not self._active:
             return
         tracker = self.tracker
+        if not tracker.stack and (self._aside or isinstance(module, ParametrizationList)):
+            self._aside += 1    # e.g. weight_norm's weight read outside the model: not a model call
+            return
         if module._forward_hooks:
             self._hook_last(module)
         if not tracker.stack:
@@ -372,6 +377,9 @@ class EagerCapture(NativeEager, OperatorPath):
 
     def _module_post(self, module, args, output) -> None:
         if _is_compiling():
+            return
+        if self._aside and not self.tracker.stack:
+            self._aside -= 1
             return
         handle = self._tails.get(id(module))
         if handle is not None and handle.id in module._forward_hooks:
