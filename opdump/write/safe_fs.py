@@ -235,6 +235,16 @@ class DumpTree:
 
         The per-file path (thousands of files per step) avoids context managers: the
         open folder is looked up by its path first."""
+        entry, name = self._hold(path)
+        try:
+            self._write_in(entry[0], name, path, write, tmp_name, fresh)
+        finally:
+            self._release(entry)
+
+    def _hold(self, path: str) -> Tuple[list, str]:
+        """The open folder of ``path`` (its ``[fd, users]`` entry, counted: give it back with
+        :meth:`_release`) and the file's name: the per-file path looks the folder up by its
+        path first, with no context manager (thousands of files per step)."""
         folder, _, name = os.fspath(path).rpartition(os.sep)
         if name in ("", ".", ".."):
             raise UnsafePath(errno.EINVAL, f"opdump refuses an unusual file name inside the dump: {path}")
@@ -245,11 +255,11 @@ class DumpTree:
         if entry is None:
             parts = self.parts(folder)
             entry = self._checkout(folder, parts, True) if parts else [self.fd, 1]
-        try:
-            self._write_in(entry[0], name, path, write, tmp_name, fresh)
-        finally:
-            with self._lock:
-                entry[1] -= 1
+        return entry, name
+
+    def _release(self, entry: list) -> None:
+        with self._lock:
+            entry[1] -= 1
 
     def _write_in(self, dfd: int, name: str, path: str, write: Callable[[int], None],
                   tmp_name: Callable[[], str], fresh: bool) -> None:
@@ -299,16 +309,7 @@ class DumpTree:
 
         The per-iteration path of statistic.csv (a new file per iteration folder): the open
         folder is looked up by its path first, with no context manager, as :meth:`write_file` does."""
-        folder, _, name = os.fspath(path).rpartition(os.sep)
-        if name in ("", ".", ".."):
-            raise UnsafePath(errno.EINVAL, f"opdump refuses an unusual file name inside the dump: {path}")
-        with self._lock:
-            entry = self._open_dirs.get(folder)
-            if entry is not None:
-                entry[1] += 1
-        if entry is None:
-            parts = self.parts(folder)
-            entry = self._checkout(folder, parts, True) if parts else [self.fd, 1]
+        entry, name = self._hold(path)
         try:
             try:
                 fd = os.open(name, _APPEND_FLAGS, 0o644, dir_fd=entry[0])
@@ -322,8 +323,7 @@ class DumpTree:
             finally:
                 os.close(fd)
         finally:
-            with self._lock:
-                entry[1] -= 1
+            self._release(entry)
 
     def note_appended(self, rows: int, nbytes: int, new_file: bool) -> None:
         """Count rows appended to a text file (a new file counts as one file written)."""
