@@ -172,6 +172,24 @@ void fail(const std::string& why) {
   }
 }
 
+// a callback's body: t_inside set while it runs (the operators it calls are opdump's own) and
+// reset on every way out; a C++ exception or a Python error turns the observer off (fail)
+// instead of leaving the callback
+template <typename Body>
+void guarded(Body&& body) {
+  t_inside = true;
+  try {
+    body();
+  } catch (py::error_already_set& e) {
+    fail(std::string("Python: ") + e.what());
+  } catch (const std::exception& e) {
+    fail(e.what());
+  } catch (...) {
+    fail("unknown C++ exception");
+  }
+  t_inside = false;
+}
+
 int intern(const std::string& s) {
   auto it = g->scope_ids.find(s);
   if (it != g->scope_ids.end()) return it->second;
@@ -501,16 +519,14 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   // detach of an output an autograd node saves, which plain eager makes with no dispatcher call,
   // under the probe's mode or the inert one, path.py) is none of the user's
   if (static_cast<int64_t>(c10::impl::TorchDispatchModeTLS::stack_len()) < g->modes) return nullptr;
-  t_inside = true;
   // a call that is no candidate gets no context (on_end is handed nullptr: nothing to do)
   std::unique_ptr<Ctx> ctx;
-  try {
+  guarded([&] {
     const c10::DispatchKeySet tls_excluded = c10::impl::tls_local_dispatch_key_set().excluded_;
     // a call made with the Python key excluded (torch.tensor()'s own empty/copy/detach_) never
     // reaches a dispatch mode: not an operator the Python capture sees
     if (tls_excluded.has(c10::DispatchKey::Python)) {
-      t_inside = false;
-      return nullptr;
+      return;
     }
     // the autograd functionality bit (AutoDispatchBelowADInplaceOrView and inference mode exclude
     // it with no backend bit: has(AutogradCPU) would ask for the CPU bit too)
@@ -518,21 +534,19 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     if (!t_candidates.empty()) {
       Ctx* outer = t_candidates.back();
       if (outer->excluded || excluded) {    // from the enclosing operator's kernel
-        t_inside = false;
-        return nullptr;
+        return;
       }
     }
     Overload* ov = overload_of(fn);
     if (ov->cia) {
-      t_inside = false;
-      return nullptr;
+      return;
     }
     ctx = std::make_unique<Ctx>();
     ctx->excluded = excluded;
     if (!t_candidates.empty()) {   // called by an enclosing operator's autograd kernel
       fail(std::string("an operator (") + (t_candidates.back()->opname ? t_candidates.back()->opname : "?") + ") called " + fn.name() + " above autograd: its order cannot be rebuilt natively");
-      t_inside = false;
-      return nullptr;
+      ctx.reset();
+      return;
     }
     ctx->candidate = true;
     ctx->opname = fn.name();
@@ -548,8 +562,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     Phase phase;
     if (node) {
       if (node->name().rfind("CompiledFunction", 0) == 0) {
-        t_inside = false;
-        return ctx;
+        return;
       }
       phase = kBackward;
       scope = backward_scope(node.get(), &forward_index);
@@ -564,17 +577,14 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
       scope = intern("Default");
     } else {
       ctx->top = true;
-      t_inside = false;
-      return ctx;
+      return;
     }
     if (!ov->is_op) {
-      t_inside = false;
-      return ctx;
+      return;
     }
     py::gil_scoped_acquire gil;
     if (!bound()) {
-      t_inside = false;
-      return ctx;
+      return;
     }
     ctx->captured = true;
     ctx->phase = static_cast<int>(phase);
@@ -618,8 +628,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
       slot.listed = true;
     }
     if (g->probe) {     // names only: the Python capture records this iteration
-      t_inside = false;
-      return ctx;
+      return;
     }
     std::vector<c10::optional<at::Tensor>> flat_in;
     if (g->dump_in || ov->writes_list) {
@@ -637,14 +646,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
       }
     }
     if (g->dump_in) record(ctx.get(), 0, g_io_input, flat_in);
-  } catch (py::error_already_set& e) {
-    fail(std::string("Python: ") + e.what());
-  } catch (const std::exception& e) {
-    fail(e.what());
-  } catch (...) {
-    fail("unknown C++ exception");
-  }
-  t_inside = false;
+  });
   return ctx;
 }
 
@@ -656,8 +658,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
   if (!c->candidate) return;
   if (!t_candidates.empty() && t_candidates.back() == c) t_candidates.pop_back();
   if (g->failed || t_inside) return;
-  t_inside = true;
-  try {
+  guarded([&] {
     const int64_t seqnr = static_cast<int64_t>(at::sequence_number::peek()) - 1;
     if (c->top) {
       g->seq.emplace(seqnr, std::make_pair(intern("Default"), static_cast<int64_t>(-1)));
@@ -668,7 +669,6 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
       if (g->probe) {
         py::gil_scoped_acquire gil;
         c->name = py::object();
-        t_inside = false;
         return;
       }
       py::gil_scoped_acquire gil;
@@ -703,14 +703,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
       }
       c->name = py::object();
     }
-  } catch (py::error_already_set& e) {
-    fail(std::string("Python: ") + e.what());
-  } catch (const std::exception& e) {
-    fail(e.what());
-  } catch (...) {
-    fail("unknown C++ exception");
-  }
-  t_inside = false;
+  });
 }
 
 // ------------------------------------------------------------------ what Python calls
