@@ -93,7 +93,6 @@ class StatisticCsv:
         self.header: List[str] = list(header)
         self._lock = _lock_for(self.path)
         self._header_ok = False         # the file's header was written or checked by us
-        self._created = False           # the last append started the file (its header written)
 
     def append_rows(self, rows: List[Sequence]) -> None:
         """Append complete rows (each as long as the header) in one write."""
@@ -128,7 +127,7 @@ class StatisticCsv:
                 return
             # one open, one fstat (the regular-file check gives the size), one write
             size = tree.append(self.path, lambda fd, start: self._write_at(fd, start, body))
-            tree.note_appended(rows, size, self._created)
+            tree.note_appended(rows, size, size > len(body))    # the header written: a new file
 
     def _write_at(self, fd: int, start: int, body: bytes) -> int:
         """Write ``body`` (after the header when the file is empty) at the end of ``fd``, whose
@@ -139,7 +138,6 @@ class StatisticCsv:
             if not self._header_ok:
                 self._check_header()
             data = body
-        self._created = start == 0
         self._write_all(fd, data, start)
         self._header_ok = True
         return len(data)
