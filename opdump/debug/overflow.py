@@ -116,7 +116,7 @@ class OverflowWatch(CpuPath, DevicePath):
         self._exact: List[bool] = []           # held tensor's flag is its (min, max), not a sum
         self._orig: List = []                  # the flagged tensors themselves (None: a preset slot)
         self._preset: Dict[int, float] = {}    # slot -> value already read (the tensor is known)
-        self._known: Dict[int, tuple] = {}     # id(tensor) -> (weakref, version, value, bumps), this iteration
+        self._known: Dict[int, tuple] = {}     # id(tensor) -> (weakref, version, value, bumps, facts), this iteration
         self._derive: Dict[int, List[int]] = {}  # slot -> input slots it is finite with (no reduction)
         self._memo: Dict[int, tuple] = {}      # id(tensor) -> (version, flag index), this batch
         self._storages: set = set()            # storages the batch holds (built when a write asks)
@@ -141,7 +141,7 @@ class OverflowWatch(CpuPath, DevicePath):
         if isinstance(t, torch.Tensor):
             self._memo[id(t)] = (t._version, -1)
             try:
-                self._known[id(t)] = (weakref.ref(t), t._version, None, 0)
+                self._known[id(t)] = (weakref.ref(t), t._version, None, 0, None)
             except TypeError:
                 pass
         return -1
@@ -174,7 +174,7 @@ class OverflowWatch(CpuPath, DevicePath):
                 entry = known.pop(id(t), None)
                 if entry is not None and entry[0]() is t and 0 <= t._version - entry[1] <= entry[3]:
                     prewrite[id(t)] = entry[2]      # ...but still those of its pre-write copy
-                    if len(entry) > 4 and entry[2] == 0.0:
+                    if entry[2] == 0.0:
                         bounds[id(t)] = entry[4]
             self._writing = frozenset(map(id, written))
         except Exception as exc:   # noqa: BLE001 - never into the training thread
@@ -214,7 +214,7 @@ class OverflowWatch(CpuPath, DevicePath):
                         on_purpose[id(c)] = c
                 if id(t) in prewrite:
                     try:
-                        self._known[id(c)] = (weakref.ref(c), c._version, prewrite[id(t)], 0)
+                        self._known[id(c)] = (weakref.ref(c), c._version, prewrite[id(t)], 0, None)
                     except TypeError:            # no weak reference to this tensor type
                         pass
                 t = c

@@ -135,7 +135,7 @@ class DevicePath:
         for j, t in enumerate(self._orig):      # later batches of the iteration reuse these
             if t is not None:
                 try:
-                    known[id(t)] = (weakref.ref(t), t._version, out[j], 0)
+                    known[id(t)] = (weakref.ref(t), t._version, out[j], 0, None)
                 except TypeError:                # no weak reference to this tensor type
                     pass
         return out

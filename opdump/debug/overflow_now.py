@@ -178,7 +178,7 @@ class CpuPath:
         """The known facts ``(B, L)`` of a finite tensor this iteration (:mod:`.overflow_bounds`;
         None: unknown)."""
         entry = self._known.get(id(t))
-        if (entry is not None and len(entry) > 4 and entry[2] == 0.0 and entry[0]() is t
+        if (entry is not None and entry[2] == 0.0 and entry[0]() is t
                 and 0 <= t._version - entry[1] <= entry[3]):
             return entry[4]
         return self._bound_by_place(t)
@@ -194,7 +194,7 @@ class CpuPath:
             return None
         i = self._places.get(key)
         entry = self._known.get(i) if i is not None else None
-        if entry is None or len(entry) < 5 or entry[2] != 0.0 or entry[4] is None:
+        if entry is None or entry[2] != 0.0 or entry[4] is None:
             return None
         o = entry[0]()
         if (o is None or not 0 <= o._version - entry[1] <= entry[3] or o._version != t._version
@@ -207,11 +207,7 @@ class CpuPath:
         counts with its facts before the write).  ``outputs`` given: arguments not read yet
         (and not written) are read now when they hold fewer elements than the outputs (the
         reading they spare), so that the rule applies."""
-        if writing:
-            pre, known = self._prewrite_bound, self._bound
-            bound = lambda t: pre.get(id(t)) if id(t) in writing else known(t)  # noqa: E731
-        else:
-            bound = self._bound
+        bound = self._bounds_before(writing)
         got = output_bound(op.op_type, op.overload, args, kwargs, bound)
         if got is None and outputs is not None:
             missing = [t for t in float_tensors(args, kwargs) if bound(t) is None]
@@ -224,6 +220,14 @@ class CpuPath:
                     return None
             got = output_bound(op.op_type, op.overload, args, kwargs, bound)
         return got
+
+    def _bounds_before(self, writing):
+        """The facts of an operator's arguments as they were before it ran: a written one's
+        from before the write (``_prewrite_bound``), the others' as known now."""
+        if not writing:
+            return self._bound
+        pre, known = self._prewrite_bound, self._bound
+        return lambda t: pre.get(id(t)) if id(t) in writing else known(t)
 
     def _read_facts(self, t) -> bool:
         """Read an argument (not written by the operator) for its facts: is it finite?  One
@@ -242,11 +246,8 @@ class CpuPath:
         if kwargs is None or op.nonfinite_args or sum(t.numel() for t in written) < self.BOUND_MIN:
             return False
         writing = frozenset(map(id, written))
-        pre, known = self._prewrite_bound, self._bound
-
-        def bound(t):
-            return pre.get(id(t)) if id(t) in writing else known(t)
-
+        bound = self._bounds_before(writing)
+        pre = self._prewrite_bound
         missing = [t for t in float_tensors(args, kwargs) if bound(t) is None]
         if missing:
             if op.op_type not in _BOUND_RULES:
@@ -288,7 +289,7 @@ class CpuPath:
         if entry is not None and entry[0]() is t and 0 <= t._version - entry[1] <= entry[3]:
             if entry[2] is None:
                 return _UNINIT, None
-            return entry[2], (entry[4] if len(entry) > 4 and entry[2] == 0.0 else None)
+            return entry[2], (entry[4] if entry[2] == 0.0 else None)
         return _UNKNOWN, None
 
     def _value_of(self, t, read: bool = True) -> Optional[float]:
