@@ -42,6 +42,14 @@ STATISTIC_FILE = "statistic.csv"
 BIN_NAME_RE = re.compile(r"^(?P<op_type>[^.]+)\.(?P<op_name>[^.]+)\.(?P<task_id>\d+)\.(?P<stream_id>\d+)"
                          r"\.(?P<timestamp>\d+)$")
 
+#: the full tensor file name (``{op_type}.{op_name}.{task}.{stream}.{timestamp}.{io}.{slot}.{format}.{dtype}.npy``)
+#: with ASCII digits, as one expression: the names :func:`parse_tensor_name` parses by its first
+#: (nine-token) form, for readers that scan tens of thousands of files (its groups are the nine
+#: fields in order; ``analysis/reader/names_fast.py``; tests check it against that function)
+FULL_TENSOR_NAME_RE = re.compile(
+    r"([^.]*)\.(.*)\.(-?[0-9]+)\.(-?[0-9]+)\.([0-9]+)\.(" + "|".join(re.escape(k) for k in IO_KINDS)
+    + r")\.([0-9]+)\.([^.]*)\.([^.]*)\." + re.escape(NPY), re.DOTALL)
+
 
 @dataclass(frozen=True)
 class TensorName:

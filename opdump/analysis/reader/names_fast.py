@@ -12,11 +12,11 @@ Guarantee: :func:`tensor_name_fields` equals :func:`fields_of` of
 checks generated names): the expression accepts only names that function parses with its
 first (nine-token) form and ASCII digits; every other name -- older forms, a mapped
 name, non-ASCII digits, anything it rejects or raises on -- goes to that function itself.
-The format itself stays defined in :mod:`opdump.format.files` (its ``IO_KINDS`` and ``NPY``).
+The format itself stays defined in :mod:`opdump.format.files` (``FULL_TENSOR_NAME_RE`` beside
+``parse_tensor_name``).
 """
 from __future__ import annotations
 
-import re
 from typing import Dict, Optional, Tuple
 
 from ...format import files as ff
@@ -26,9 +26,7 @@ __all__ = ["Fields", "fields_of", "tensor_name_fields", "resolved_fields"]
 #: (op_type, op_name, task_id, stream_id, timestamp, io, slot, format, dtype)
 Fields = Tuple[str, str, int, int, int, str, int, str, Optional[str]]
 
-_FULL = re.compile(
-    r"([^.]*)\.(.*)\.(-?[0-9]+)\.(-?[0-9]+)\.([0-9]+)\.(" + "|".join(re.escape(k) for k in ff.IO_KINDS)
-    + r")\.([0-9]+)\.([^.]*)\.([^.]*)\." + re.escape(ff.NPY), re.DOTALL)
+_FULL = ff.FULL_TENSOR_NAME_RE
 
 
 def fields_of(parsed: Optional[ff.TensorName]) -> Optional[Fields]:
