@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import warnings
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
@@ -21,6 +20,7 @@ from .iteration import parse_iteration
 from .loader import load_config
 from .model import DumpConfig
 from .rules import apply_rules
+from .warn import warn_config
 
 PREFIX = "dump_config."
 #: whose options object: the TF adapter's (``npu_device.global_options().dump_config``) or
@@ -99,9 +99,9 @@ class DumpOptions:
             other = self._other_option_set()
             if other is None:
                 return self._from_file(kw["dump_config_path"], enable, env)
-            warnings.warn(f"opdump: {PREFIX}dump_config_path {kw['dump_config_path']!r} is ignored: "
-                          f"{PREFIX}{other} is set too, and the JSON file does not take effect with other "
-                          "dump options (as in torchair); the options are used", UserWarning, stacklevel=2)
+            warn_config(f"opdump: {PREFIX}dump_config_path {kw['dump_config_path']!r} is ignored: "
+                        f"{PREFIX}{other} is set too, and the JSON file does not take effect with other "
+                        "dump options (as in torchair); the options are used")
         layers = kw["dump_layer"]
         out = dict(input_output=kw["dump_mode"], saved_data=kw["dump_data"], enable=bool(enable),
                    world_folder=kw["flavor"] == "torchair")

@@ -13,12 +13,12 @@ opdump overrides it the same way.
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from typing import Any, Dict, Mapping
 
 from .errors import ConfigError
 from .model import DumpConfig, IterationSpec
 from .reference import online_compare_rules
+from .warn import warn_config
 
 DEFAULTS: Dict[str, Any] = {
     f.name: f.default for f in dataclasses.fields(DumpConfig) if f.default is not dataclasses.MISSING
@@ -49,9 +49,9 @@ def apply_rules(kw: Mapping[str, Any], names: Mapping[str, str]) -> Dict[str, An
             fail("sample_mode", f'must be 0 when {names.get("op_debug_mode", "op_debug_mode")} is {op} '
                                 "(sample dump needs op_debug_mode 0)")
         if d["dump_mode"] == 1 and op == 3:
-            warnings.warn(f'opdump: {names.get("dump_mode", "dump_mode")} 1 is ignored when '
-                          f'{names.get("op_debug_mode", "op_debug_mode")} is 3: every operator is watched '
-                          "for overflow (the kernels list is not used)", UserWarning, stacklevel=2)
+            warn_config(f'opdump: {names.get("dump_mode", "dump_mode")} 1 is ignored when '
+                        f'{names.get("op_debug_mode", "op_debug_mode")} is 3: every operator is watched '
+                        "for overflow (the kernels list is not used)")
         out["dump_mode"] = 0                      # overflow/exception dump ignores the kernel selection
         if op == 3:
             out["kernels"] = ()                   # ...and its entries: no "matched no operator" warning at close
@@ -71,13 +71,13 @@ def apply_rules(kw: Mapping[str, Any], names: Mapping[str, str]) -> Dict[str, An
                                "inductor's fused kernels have no operator to name)")
         given = kw.get("iteration")
         if given is not None and not getattr(given, "all", True):
-            warnings.warn(f'opdump: {names.get("iteration", "iteration")} "{given}" is ignored when '
-                          f'{names.get("op_debug_mode", "op_debug_mode")} is 4: every iteration is watched '
-                          "for operator exceptions", UserWarning, stacklevel=2)
+            warn_config(f'opdump: {names.get("iteration", "iteration")} "{given}" is ignored when '
+                        f'{names.get("op_debug_mode", "op_debug_mode")} is 4: every iteration is watched '
+                        "for operator exceptions")
         if d["dump_mode"] == 1:
-            warnings.warn(f'opdump: {names.get("dump_mode", "dump_mode")} 1 is ignored when '
-                          f'{names.get("op_debug_mode", "op_debug_mode")} is 4: every operator is watched '
-                          "for exceptions (the kernels list is not used)", UserWarning, stacklevel=2)
+            warn_config(f'opdump: {names.get("dump_mode", "dump_mode")} 1 is ignored when '
+                        f'{names.get("op_debug_mode", "op_debug_mode")} is 4: every operator is watched '
+                        "for exceptions (the kernels list is not used)")
         out["input_output"] = 1
         out["iteration"] = IterationSpec(all=True)
     if d.get("compare_compiled") and d.get("graph_dump") != "kernels":
