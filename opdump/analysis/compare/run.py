@@ -25,6 +25,7 @@ from .pairs import TABLE_COLUMNS, Pair, Tensor, shape_from_text
 from .fields import make_tensors
 from .gcpause import gc_paused, gc_running
 from .stat_fast import statistics_compare
+from .tensor_fast import tensor_compare
 from .result import CompareResult, rule_of
 from .verdict import Thresholds, judge_metrics, judge_pair, judge_statistics
 
@@ -211,6 +212,14 @@ def compare(a: Union[str, os.PathLike, Dump], b: Union[str, os.PathLike, Dump], 
     from .pool import default_workers, run_pairs    # the worker pool (multiprocessing): not for statistics only
     if workers is None:
         workers = default_workers()
+    if matchers is plain and not mapping:        # tensor files only: column-wise when it applies (.tensor_fast)
+        def _metrics(tasks):
+            with gc_running():
+                return run_pairs(tasks, workers, parallel_min, progress)
+        fast = tensor_compare(da, db, rank_pairs, iterations, io, include_parameters, thresholds, _check_samples,
+                              _iteration_pairs, _Sources(da, db), _layouts, _metrics)
+        if fast is not None:
+            return fast
     pairs: List[Pair] = []
     all_it_pairs: List[Tuple[int, int]] = []
     seen_a = seen_b = False

@@ -1,0 +1,161 @@
+"""A tensor-file compare, column by column: pairs made as a join of the records' columns,
+verdicts and table built from columns (:mod:`.tensor_pairs`) instead of one
+:class:`.pairs.Tensor` and :class:`.pairs.Pair` per file.
+
+Why: a dump of 32,700 small tensors per side spent ~2 s of one core in per-pair Python
+(tensor records, matching, verdicts, table, sorting) around ~0.7 s of metric work.
+
+When it applies (:func:`tensor_compare` returns None otherwise and ``compare`` runs the
+per-pair stages): the default matchers (no mapping, no kernel dump); every compared record
+of both dumps is a tensor file without a statistics row, with a dtype name; every file's
+``.npy`` header reads (an unreadable file is reported by the per-pair stages); and, for
+every iteration pair, A's records and B's records are the same sequence of tensors -- the
+conditions of :mod:`.stat_fast`, with the shape taken from the headers (what
+:class:`.pairs.Tensor` compares).
+
+Guarantee (tests/test_compare_tensor_fast.py checks it against the per-pair stages,
+``OPDUMP_COMPARE_FAST=0``): the same table (values, dtypes, row order; the CSV byte for
+byte), summary, first difference and first divergence.  Why the pairs are the same: the
+argument of :mod:`.stat_fast` (equal sequences align position by position; its join is
+:func:`.stat_fast._pair_rank` itself), with the value tie-break's fingerprints of tensor
+files -- ``hash`` of the last 64 KiB of each output file, :func:`.match._fingerprint` --
+given to that join as a fingerprint column, read only for the calls that tie.
+``OPDUMP_COMPARE_FAST=0`` turns this path off (as it does the statistics one).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from .pairs import _shape_text
+from .stat_fast import _dclass, _its, _pair_rank, _positions, _side, _tie_groups, enabled
+
+__all__ = ["tensor_compare"]
+
+#: the column the tie-break fingerprints travel in (one of match.STAT_KEYS; absent from tensor records)
+_FP_COLUMN = "md5"
+_TIE_COLS = ("kind", "graph", "op_file", "call", "op", "op_type", "io", "slot", "shape")
+
+
+def _usable(rec) -> bool:
+    """Tensor files only: a path and a dtype name per row, no statistics row, no fingerprint column."""
+    if rec.empty or _FP_COLUMN in rec.columns:
+        return False
+    paths = rec["path"].tolist()
+    if not all(type(p) is str and p for p in paths):
+        return False
+    if "stat_row" in rec.columns and any(v is True for v in rec["stat_row"].tolist()):
+        return False
+    return all(type(d) is str and d for d in rec["dtype"].tolist())
+
+
+def _with_layouts(rec, layouts: Callable[[List[str]], List[Any]]):
+    """(frame with ``shape`` the header shapes' text, layouts) or None when a header cannot be read."""
+    lays = layouts(rec["path"].tolist())
+    if any(isinstance(x, Exception) for x in lays):
+        return None
+    texts = [_shape_text(x[0]) for x in lays]
+    rec = rec.copy()
+    rec["shape"] = texts                               # Tensor.shape_text() of the header's shape
+    return rec, lays
+
+
+def _tail_hash(path: str) -> Optional[int]:
+    from .match import _tail
+    try:
+        return hash(_tail(path))
+    except OSError:
+        return None
+
+
+def _fingerprints(sa, sb, it_a, it_b, it_pairs) -> bool:
+    """Give ``sa``/``sb`` the fingerprint column of the rows the value tie-break looks at (the
+    output files of calls that tie, :func:`.stat_fast._tie_groups` on A's rows, and B's rows
+    at the same places); False when a file's tail cannot be read (the per-pair stages decide)."""
+    pos_a, pos_b = _positions(it_a), _positions(it_b)
+    arr = {c: sa[c].to_numpy(dtype=object) for c in _TIE_COLS}
+    dclass = np.empty(len(sa), dtype=object)
+    dclass[:] = _dclass(sa)
+    need_a: Dict[int, None] = {}
+    need_b: Dict[int, None] = {}
+    memo: Dict[tuple, list] = {}
+    for ia, ib in it_pairs:
+        pa = pos_a.get(ia)
+        pb = pos_b.get(ib)
+        if pa is None or pb is None or len(pa) != len(pb):
+            continue                                   # _pair_rank refuses it
+        block = [arr[c][pa].tolist() for c in _TIE_COLS] + [dclass[pa].tolist()]
+        try:
+            key = tuple(tuple(x) for x in block)
+            groups = memo.get(key)
+        except TypeError:
+            key, groups = None, None
+        if groups is None:
+            groups = _tie_groups(*block)
+            if key is not None:
+                memo[key] = groups
+        for group in groups:
+            for _, fp in group:
+                for o in fp:
+                    need_a[int(pa[o])] = None
+                    need_b[int(pb[o])] = None
+    for frame, need in ((sa, need_a), (sb, need_b)):
+        col: List[Any] = [None] * len(frame)
+        paths = frame["path"].tolist()
+        for r in need:
+            h = _tail_hash(paths[r])
+            if h is None:
+                return False
+            col[r] = h
+        frame[_FP_COLUMN] = col
+    return True
+
+
+def tensor_compare(da, db, rank_pairs, iterations, io, include_parameters, thresholds, check_samples,
+                   iteration_pairs, sources, layouts, run_metrics) -> Optional[Any]:
+    """The :class:`.result.CompareResult` of a tensor-file compare built column-wise, or None
+    when this path does not apply (module doc).  ``check_samples``, ``iteration_pairs``,
+    ``sources`` and ``layouts`` are ``compare``'s own helpers; ``run_metrics(tasks)`` gives
+    the metrics of compare's tasks by index (:func:`.pool.run_pairs`)."""
+    if not enabled():
+        return None
+    raw = []
+    for ra, rb in rank_pairs:
+        check_samples(da, ra, db, rb)
+        if ra not in da.ranks or rb not in db.ranks:
+            return None
+        sa, sb = _side(da, ra, io, include_parameters), _side(db, rb, io, include_parameters)
+        if not _usable(sa) or not _usable(sb):
+            return None
+        raw.append((sa, sb))
+    sides, originals, lays, parts = [], [], [], []
+    all_it: List[Tuple[int, int]] = []
+    for sa, sb in raw:
+        it_a, it_b = _its(sa), _its(sb)
+
+        class _T:                                      # what _iteration_pairs reads of a tensor
+            __slots__ = ("iteration",)
+
+            def __init__(self, i):
+                self.iteration = i
+        it_pairs = iteration_pairs([_T(i) for i in set(it_a)], [_T(i) for i in set(it_b)], iterations)
+        xa, xb = _with_layouts(sa, layouts), _with_layouts(sb, layouts)
+        if xa is None or xb is None:
+            return None
+        originals.append((sa, sb))                     # the records as Tensor.row holds them
+        (sa, la), (sb, lb) = xa, xb
+        if not _fingerprints(sa, sb, it_a, it_b, it_pairs):
+            return None
+        part = _pair_rank(sa, sb, it_a, it_b, it_pairs)
+        if part is None:
+            return None
+        all_it += [p for p in it_pairs if p[0] is not None and p not in all_it]
+        sides.append((sa, sb))
+        lays.append((la, lb))
+        parts.append(part)
+    if not any(len(p[0]) for p in parts):
+        return None
+    from .tensor_pairs import TensorPairs, finish_tensor_result
+    tp = TensorPairs.build(sides, originals, lays, parts, thresholds, run_metrics)
+    return finish_tensor_result(da, db, tp, rank_pairs, all_it, thresholds, sources)

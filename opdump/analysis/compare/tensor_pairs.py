@@ -1,0 +1,203 @@
+"""The pairs of a tensor-file compare as columns (:mod:`.tensor_fast`): metrics, verdicts,
+the table, the summary and where A and B part, with the per-pair stages' rules.
+
+Guarantee: for pairs made as :mod:`.tensor_fast` makes them, the same verdicts
+(:func:`.verdict.judge_pair` then :func:`.verdict.judge_metrics`, whose rules are called
+here on the same metrics), table (columns, values, dtypes, order: :meth:`.pairs.Pair.sort_key`;
+each column's objects converted by pandas' own ``convert_object_array``, as
+``DataFrame(rows)`` converts them), counts, unreadable files, first difference and first
+divergence as ``compare``'s per-pair stages.  First difference/divergence are computed by
+:mod:`.first` itself on :class:`.pairs.Pair` records built only for the pairs those
+functions can look at (:mod:`.stat_pairs`' selection).  The metrics are the worker pool's
+(:func:`.pool.run_pairs`) on the same tasks.
+"""
+from __future__ import annotations
+
+import operator
+from collections import Counter
+from itertools import compress, repeat
+from typing import Any, Callable, Dict, List, Optional
+
+import numpy as np
+
+from ..reader.bincache import source as on_disk
+from ..reader.npy import dtype_name
+from .fields import make_tensors
+from .pairs import METRIC_COLUMNS, TABLE_COLUMNS, Pair
+from .result import CompareResult, rule_of
+from .stat_cells import per_distinct
+from .stat_pairs import (_NOT_COMPARED, _SKIPPED, _first_difference, _first_divergence, _iterations, _mask,
+                         _same_dtype, _sources, _take, garbage, random_rule)
+from .verdict import _tolerance, verdict_for_metrics
+
+__all__ = ["TensorPairs", "finish_tensor_result"]
+
+
+def _nbytes(layout) -> int:
+    """Bytes of a tensor's data from its header (``compare``'s ``_data_bytes``)."""
+    n = layout[1].itemsize
+    for x in layout[0]:
+        n *= x
+    return n
+
+
+class TensorPairs:
+    """Column lists, one entry per pair, in table order; ``row_a``/``row_b`` and ``side``
+    locate each pair's records (:meth:`tensors`)."""
+
+    def __init__(self):
+        self.cols: Dict[str, list] = {}
+
+    @classmethod
+    def build(cls, sides, originals, lays, parts, th, run_metrics: Callable[[list], Dict[int, Dict[str, Any]]]
+              ) -> "TensorPairs":
+        self = cls()
+        c: Dict[str, list] = {k: [] for k in (
+            "rank", "iteration", "iteration_b", "graph", "op", "op_b", "op_type", "kind", "io", "slot", "call",
+            "match", "order", "dtype_a", "dtype_b", "shape_a", "shape_b", "side", "row_a", "row_b",
+            "op_type_b", "io_b", "slot_b", "kind_b", "rank_b", "graph_b", "op_file", "op_file_b", "call_b",
+            "path_a", "path_b", "layout_a", "layout_b")}
+        for s, ((sa, sb), (la, lb), (ai, bi, rules)) in enumerate(zip(sides, lays, parts)):
+            for k in ("rank", "graph", "op", "op_type", "kind", "io", "slot", "call", "order", "op_file"):
+                c[k] += _take(sa, k, ai)
+            for k, dst in (("op", "op_b"), ("op_type", "op_type_b"), ("io", "io_b"), ("slot", "slot_b"),
+                           ("kind", "kind_b"), ("rank", "rank_b"), ("graph", "graph_b"), ("op_file", "op_file_b"),
+                           ("call", "call_b")):
+                c[dst] += _take(sb, k, bi)
+            c["iteration"] += _iterations(sa, ai)
+            c["iteration_b"] += _iterations(sb, bi)
+            c["match"] += rules.tolist()
+            c["dtype_a"] += _take(sa, "dtype", ai)            # Tensor.dtype: the record's name (a str: .tensor_fast)
+            c["dtype_b"] += _take(sb, "dtype", bi)
+            c["shape_a"] += _take(sa, "shape", ai)            # the header shape's text (.tensor_fast)
+            c["shape_b"] += _take(sb, "shape", bi)
+            c["path_a"] += _take(sa, "path", ai)
+            c["path_b"] += _take(sb, "path", bi)
+            ai_l, bi_l = ai.tolist(), bi.tolist()
+            c["layout_a"] += list(map(la.__getitem__, ai_l))
+            c["layout_b"] += list(map(lb.__getitem__, bi_l))
+            c["side"] += [s] * len(ai_l)
+            c["row_a"] += ai_l
+            c["row_b"] += bi_l
+        for k in ("rank", "graph", "slot", "call", "order", "rank_b", "graph_b", "slot_b", "call_b"):
+            if set(map(type, c[k])) - {int}:
+                c[k] = [int(v) for v in c[k]]
+        n = len(c["rank"])
+        ga, gb = garbage(c["op_type"], c["io"], c["slot"]), garbage(c["op_type_b"], c["io_b"], c["slot_b"])
+        live = [k for k in range(n) if not (ga[k] or gb[k])]
+        pa, pb, lya, lyb = c["path_a"], c["path_b"], c["layout_a"], c["layout_b"]
+        tasks = [(k, pa[k], pb[k], _nbytes(lya[k]) + _nbytes(lyb[k]), lya[k], lyb[k]) for k in live]
+        results = run_metrics(tasks)
+        same = per_distinct(_same_dtype, list(zip(c["dtype_a"], c["dtype_b"])))
+        verdict: List[Optional[str]] = ["skipped"] * n
+        reason: List[str] = [_SKIPPED] * n
+        mode: List[str] = [""] * n
+        metrics: List[Dict[str, Any]] = [{} for _ in range(n)]
+        identical: List[Optional[bool]] = [None] * n
+        for k in live:                                 # judge_pair (tensor mode), then judge_metrics
+            m = results[k]
+            v, why = verdict_for_metrics(m, th)
+            metrics[k] = {key: x for key, x in m.items() if not isinstance(x, (tuple, list))}
+            mode[k], verdict[k], reason[k] = "tensor", v, why
+            if v != "unreadable" and v != "unmatched" and same[k]:
+                mae, ref = m.get("max_abs_err", 0.0), m.get("max_abs_ref", 0.0) or 0.0
+                mae = 0.0 if mae != mae else mae
+                identical[k] = (not m.get("nonfinite_mismatch") and mae <= _tolerance(c["dtype_a"][k], th) * ref)
+        random_rule(c["op_type"], c["io"], verdict, reason)
+        c["verdict"], c["reason"], c["mode"], c["metrics"], c["identical"], c["same"] = (
+            verdict, reason, mode, metrics, identical, same)
+        it_key = np.asarray([1 << 60 if x is None else x for x in c["iteration"]], dtype=np.int64)
+        order = np.lexsort((np.asarray(c["order"], np.int64), np.asarray(c["rank"], np.int64), it_key))
+        if bool(np.all(order == np.arange(n))):
+            self.cols = dict(c)                        # already in table order
+        else:
+            ol = order.tolist()
+            self.cols = {k: list(map(v.__getitem__, ol)) for k, v in c.items()}
+        self.sides = originals
+        return self
+
+    def tensors(self, idx: List[int]) -> List[Pair]:
+        """:class:`Pair` records (fields as the per-pair stages set them) of the pairs ``idx``."""
+        c = self.cols
+        made: Dict[tuple, Any] = {}
+        for s, (sa, sb) in enumerate(self.sides):
+            for frame, rows_key, lay_key, tag in ((sa, "row_a", "layout_a", "a"), (sb, "row_b", "layout_b", "b")):
+                lay_of = {c[rows_key][k]: c[lay_key][k] for k in idx if c["side"][k] == s}
+                rows = sorted(lay_of)
+                if not rows:
+                    continue
+                for r, t in zip(rows, make_tensors(frame.iloc[rows])):
+                    lay = lay_of[r]
+                    t.layout = lay
+                    t.shape, t.np_dtype = lay[0], dtype_name(lay[1])
+                    made[(s, tag, r)] = t
+        return [Pair(made[(c["side"][k], "a", c["row_a"][k])], made[(c["side"][k], "b", c["row_b"][k])],
+                     c["match"][k], c["mode"][k], c["verdict"][k], c["reason"][k], c["identical"][k],
+                     dict(c["metrics"][k]), c["source"][k]) for k in idx]
+
+
+def _table(tp: TensorPairs, pd):
+    """The table ``compare``'s ``_result`` builds from one row of Python objects per pair:
+    the same cells, each column converted by pandas' ``convert_object_array`` (what
+    ``DataFrame(rows)`` runs per column), then ``order`` and the ``Int64`` iterations set
+    as ``_result`` sets them."""
+    from pandas.core.internals.construction import convert_object_array
+    c = tp.cols
+    n = len(c["rank"])
+    m = c["metrics"]
+    data: Dict[str, List[Any]] = {
+        "order": [None] * n, "rank": c["rank"], "iteration": c["iteration"], "iteration_b": c["iteration_b"],
+        "graph": c["graph"], "op": c["op"], "op_b": c["op_b"], "op_type": c["op_type"], "kind": c["kind"],
+        "io": c["io"], "slot": c["slot"], "call": c["call"], "match": c["match"], "mode": c["mode"],
+        "verdict": c["verdict"], "reason": c["reason"], "identical": c["identical"],
+        "dtype_a": c["dtype_a"], "dtype_b": c["dtype_b"], "shape_a": c["shape_a"], "shape_b": c["shape_b"],
+        "source": c["source"], "path_a": per_distinct(on_disk, c["path_a"]),
+        "path_b": per_distinct(on_disk, c["path_b"])}
+    for k in METRIC_COLUMNS:
+        data[k] = list(map(operator.methodcaller("get", k), m))
+    arrays = []
+    for k in TABLE_COLUMNS:
+        arr = np.empty(n, dtype=object)
+        arr[:] = data[k]
+        arrays.append(arr)
+    table = pd.DataFrame(dict(zip(TABLE_COLUMNS, convert_object_array(arrays, dtype=None))), columns=TABLE_COLUMNS)
+    table["order"] = range(len(table))
+    for k in ("iteration", "iteration_b"):
+        table[k] = pd.array([None if v is None or v != v else int(v) for v in table[k]], dtype="Int64")
+    return table
+
+
+def finish_tensor_result(da, db, tp: TensorPairs, rank_pairs, it_pairs, thresholds, sources) -> CompareResult:
+    """The :class:`CompareResult` of ``tp`` (``compare``'s last stages, column-wise)."""
+    import pandas as pd
+    _sources(tp, da, db, sources)
+    c = tp.cols
+    n = len(c["rank"])
+    compared = _mask(map(operator.is_not, c["identical"], repeat(None)), n) | (
+        _mask(map(bool, c["mode"]), n) & ~_mask(map(_NOT_COMPARED.__contains__, c["verdict"]), n))
+    same_at = _mask(map(bool, c["same"]), n)[compared]
+    same = bool(len(same_at)) and bool(same_at.all())
+    fdiff, nondet_d = _first_difference(tp, sources) if same else (None, [])
+    fdiv, nondet, params = _first_divergence(tp, sources)
+    rule, note = rule_of(same, int((~same_at).sum()), len(same_at), thresholds)
+    matched_by: Dict[str, int] = dict(Counter(c["match"]))
+    calls_a = len(set(compress(zip(c["rank"], c["iteration"], c["graph"], c["op_file"], c["call"]),
+                               map("op".__eq__, c["kind"]))))
+    calls_b = len(set(compress(zip(c["rank_b"], c["iteration_b"], c["graph_b"], c["op_file_b"], c["call_b"]),
+                               map("op".__eq__, c["kind_b"]))))
+    ops = {"calls_a": calls_a, "matched_a": calls_a, "calls_b": calls_b, "matched_b": calls_b}
+    unreadable: Dict[str, str] = {}
+    for k in np.flatnonzero(_mask(map("unreadable".__eq__, c["verdict"]), n)).tolist():
+        mk = c["metrics"][k]
+        path = mk.get("unreadable")
+        if path:
+            unreadable.setdefault(path, str(mk.get("error", "")).replace(f"cannot read {path}: ", ""))
+    result = CompareResult(str(da.path), str(db.path), _table(tp, pd), None, [], [], [], [], thresholds, it_pairs,
+                           (rank_pairs[0] if len(rank_pairs) == 1 else (None, None)), matched_by=matched_by,
+                           operators=ops, unreadable=sorted(unreadable.items()), warnings=[], front_end_a=[],
+                           front_end_b=[], kernel_only_a=[], kernel_only_b=[])
+    result.first_divergence, result.diverged_parameters = fdiv, params
+    result.nondeterministic_before = nondet_d if same and fdiff is not None else nondet
+    result.first_difference, result.rule, result.rule_note = fdiff, rule, note
+    return result
+
