@@ -15,9 +15,9 @@ reference behind.
 
 Iterations: the counter advances after every ``optimizer.step()``
 (a global optimizer post-hook) or on :meth:`Session.step`.  Until either has
-happened, each new top-level call of a dumped model is an iteration: a forward
-graph (or eager model call) that already ran in the current iteration starts a
-new one.
+happened, each new top-level call of a dumped model is an iteration: a compiled
+frame (any of its graphs: a recompile is the same frame) or an eager model call that
+already ran in the current iteration starts a new one.
 """
 from __future__ import annotations
 
@@ -296,9 +296,9 @@ class Session:
 
     def enter_forward(self, key) -> None:
         """A dumped model's forward graph (or eager root call) starts: counts iterations
-        when nothing else does.  ``key`` is any hashable naming the entry (a forward graph
-        id, or the eager graph id with the root module's id); seeing a key again within
-        one iteration starts the next iteration."""
+        when nothing else does.  ``key`` is any hashable naming the entry (Dynamo's frame id,
+        else a forward graph id; or the eager graph id with the root module's id); seeing a
+        key again within one iteration starts the next iteration."""
         if not self._driven:
             if key in self._forward_seen:
                 self._forward_seen.clear()

@@ -51,7 +51,7 @@ from torch._dynamo.exc import RestartAnalysis, SkipFrame
 from ...debug.exception import compiled_call_failed, guard_operators
 from . import faults
 from .errors import users_error
-from .frames import frame_key, root_class
+from .frames import frame_entry, frame_key, root_class
 from .inputs import input_names, lifted_constants, param_positions
 from .instrument import instrument, uninstrument
 from .listing import write_graph_files
@@ -98,6 +98,9 @@ class GraphCapture:
         self.frame: Optional[str] = None
         self.names: List[Optional[str]] = []
         self.forward_id: Optional[int] = None
+        #: what a call of this graph counts as for iterations without an optimizer: its frame
+        #: (every recompile of it alike), else its forward graph (``Session.enter_forward``)
+        self.entry = None
         self.device_ok = True
         self.failed = False
         self.runtimes: List[GraphRuntime] = []
@@ -110,6 +113,7 @@ class GraphCapture:
     # ------------------------------------------------------------------ compile
     def compile(self, gm: fx.GraphModule, example_inputs: Sequence):
         self.gm = gm
+        self.entry = frame_entry()
         dump_fn = None
         try:
             dump_fn = self._compile_dump(gm, example_inputs)
@@ -190,7 +194,7 @@ class GraphCapture:
             session = capture.session
             if session is not None:
                 fid = capture.forward_id if capture.forward_id is not None else -1
-                session.enter_forward(fid)
+                session.enter_forward(capture.entry if capture.entry is not None else fid)
                 if not capture.failed and (capture.real_fn is None or (capture.device_ok and session.is_dumping())):
                     try:
                         faults.check("dumped call")

@@ -70,6 +70,22 @@ def frame_key() -> Optional[str]:
         return None
 
 
+def frame_entry() -> Optional[tuple]:
+    """Dynamo's id of the frame being compiled, the same for every recompile of one code
+    object (and different for a graph break's resume function): what counts iterations
+    when nothing else does (:meth:`opdump.session.Session.enter_forward`), so that a
+    recompiled model -- a new graph of the same frame -- starts the next iteration as a
+    second call of the same graph does.  None when Dynamo gives no id."""
+    try:
+        from torch._guards import CompileContext
+        cid = CompileContext.current_compile_id()
+        if cid is None or cid.frame_id is None:
+            return None
+        return ("frame", cid.compiled_autograd_id, cid.frame_id)
+    except Exception:  # noqa: BLE001 - an internal API: without it, graphs are counted
+        return None
+
+
 def root_class(key: Optional[str]) -> Optional[str]:
     """The root class for the frame ``key`` being compiled now (remembered for later graph breaks)."""
     root = _root_class() or (key and _last_root.get(key)) or _caller_root()
