@@ -97,7 +97,7 @@ class TensorPairs:
         for k in live:                                 # judge_pair (tensor mode), then judge_metrics
             m = results[k]
             v, why = verdict_for_metrics(m, th)
-            metrics[k] = {key: x for key, x in m.items() if not isinstance(x, (tuple, list))}
+            metrics[k] = m                             # as the worker gave it (.tensors: judge_metrics' copy)
             mode[k], verdict[k], reason[k] = "tensor", v, why
             if v != "unreadable" and v != "unmatched" and same[k]:
                 mae, ref = m.get("max_abs_err", 0.0), m.get("max_abs_ref", 0.0) or 0.0
@@ -133,7 +133,12 @@ class TensorPairs:
                     made[(s, tag, r)] = t
         return [Pair(made[(c["side"][k], "a", c["row_a"][k])], made[(c["side"][k], "b", c["row_b"][k])],
                      c["match"][k], c["mode"][k], c["verdict"][k], c["reason"][k], c["identical"][k],
-                     dict(c["metrics"][k]), c["source"][k]) for k in idx]
+                     _kept(c["metrics"][k]), c["source"][k]) for k in idx]
+
+
+def _kept(m: Dict[str, Any]) -> Dict[str, Any]:
+    """The metrics :func:`.verdict.judge_metrics` keeps in ``Pair.metrics`` (no tuples or lists)."""
+    return {k: v for k, v in m.items() if not isinstance(v, (tuple, list))}
 
 
 def _table(tp: TensorPairs, pd):

@@ -1,13 +1,15 @@
-"""The records table of a statistics-only dump built from columns (:func:`frame_of_columns`),
-without a dict per row.
+"""The records table of a statistics-only dump, or of a dump of tensor files, built from
+columns (:func:`frame_of_columns`), without a dict per row.
 
 Why: :func:`.records.build_records` built one dict per statistic row, then a DataFrame
 from those dicts: ~2 s of a 136,000-row compare.
 
 When it applies (None otherwise, and the per-row build runs): every iteration folder read
-has no tensor file and its statistic rows as :class:`.stat_table.StatColumns`, no row
-carries ``stat_errors``/``stat_skipped``, and (operator file name, io, slot, call) is unique
-inside each folder (the per-row build merges repeated keys into one row).
+has either no tensor file and its statistic rows as :class:`.stat_table.StatColumns`, no
+row carrying ``stat_errors``/``stat_skipped``, or tensor files and no statistic row (a
+tensor dump: 32,700 files a side cost ~0.2 s of dicts and their conversion); and
+(operator file name, io, slot, call) is unique inside each folder (the per-row build
+merges repeated keys into one row).  ``OPDUMP_READER_COLUMNS=0`` turns it off.
 
 Guarantee: the DataFrame handed to the shared finishing step is the one the per-row build
 makes -- the same columns in the same order, each converted from the same Python objects
@@ -23,7 +25,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from ...format.files import PARAMETER_TYPE
 from ...format.names import op_type_of
 from .names_cache import sanitize
-from .stat_table import StatRows
+from .stat_table import StatRows, columns_enabled
 
 __all__ = ["frame_of_columns", "exec_index_columns", "typed_array"]
 
@@ -40,7 +42,13 @@ def frame_of_columns(ranks, skip, positions):
         rank = ranks[rid]
         for it in rank.iterations:
             if it.files:
-                return None
+                if it.stats or not columns_enabled():
+                    return None                       # files and statistics rows joined: per row
+                part = _file_columns(rid, it, rank.graphs.get(it.graph), memo)
+                if part is None:
+                    return None
+                parts.append(part)
+                continue
             if not it.stats:
                 continue
             if not isinstance(it.stats, StatRows) or it.stats.table.extras:
@@ -147,6 +155,29 @@ def _iteration_columns(rid, it, g, skip, memo: _Memo) -> Optional[Tuple[int, Dic
         if ekey is not None and not timed:
             memo.exec[ekey] = exec_index          # no operator placed by its timestamp: the same every time
     cols["exec_index"] = list(exec_index)
+    return n, cols
+
+
+#: a tensor file's attributes copied into its row, in the per-row build's key order
+_FILE_FIELDS = ("op", "op_file", "op_type", "kind", "io", "slot", "call", "dtype", "format", "timestamp", "task_id",
+                "stream_id", "path", "nbytes")
+
+
+def _file_columns(rid, it, g, memo: _Memo) -> Optional[Tuple[int, Dict[str, List[Any]]]]:
+    """The columns of a folder of tensor files without statistics rows, in the per-row build's
+    key order (:func:`.records.iteration_rows`); None when (file name, io, slot, call)
+    repeats (the per-row build keeps one row of such files)."""
+    files = it.files
+    n = len(files)
+    cols: Dict[str, Any] = {"rank": _Same(rid, n), "net": _Same(it.net, n), "graph": _Same(it.graph, n),
+                            "iteration": _Same(it.iteration, n)}
+    for k in _FILE_FIELDS:
+        cols[k] = [getattr(t, k) for t in files]
+    if len(set(zip(cols["op_file"], cols["io"], cols["slot"], cols["call"]))) != n:
+        return None
+    cols["stat_row"] = _Same(False, n)
+    _, pos = memo.positions_of(it, g)
+    cols["exec_index"] = exec_index_columns(cols["kind"], cols["op_file"], cols["call"], cols["timestamp"], pos)
     return n, cols
 
 
