@@ -17,7 +17,8 @@ Iterations: the counter advances after every ``optimizer.step()``
 (a global optimizer post-hook) or on :meth:`Session.step`.  Until either has
 happened, each new top-level call of a dumped model is an iteration: a compiled
 frame (any of its graphs: a recompile is the same frame) or an eager model call that
-already ran in the current iteration starts a new one.
+already ran in the current iteration starts a new one, unless a live optimizer holds the
+model's parameters (its step will end the iteration: ``step_driver.py``).
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ from .debug.exception import ExceptionDump
 from .debug.sample import manifest_fields as sample_fields
 from .recorder import Recorder
 from .select import OpSelector
+from .step_driver import StepDriverProbe
 from .stats.engine import host_categories
 from .version import __version__
 from .format import layout as fmt
@@ -137,6 +139,7 @@ class Session:
         self._graph_lock = threading.Lock()
         self._driven = False               # an optimizer step or step() was seen
         self._forward_seen: Set[int] = set()
+        self._step_driver = StepDriverProbe()      # a live optimizer will end this step
         self._graph_iterations: Dict[int, Set[int]] = {}
         self._dumped_iterations: Set[int] = set()
         self._iteration_end_hooks: List[Callable[[int], None]] = []
@@ -294,13 +297,15 @@ class Session:
         self._close_hooks.append(hook)
         return HookHandle(self._close_hooks, hook)
 
-    def enter_forward(self, key) -> None:
+    def enter_forward(self, key, tensors=()) -> None:
         """A dumped model's forward graph (or eager root call) starts: counts iterations
         when nothing else does.  ``key`` is any hashable naming the entry (Dynamo's frame id,
         else a forward graph id; or the eager graph id with the root module's id); seeing a
-        key again within one iteration starts the next iteration."""
+        key again within one iteration starts the next iteration — unless a live optimizer
+        holds one of ``tensors`` (the root module's parameters, the graph's inputs): its
+        ``step()`` will end the iteration (a model called twice per training step)."""
         if not self._driven:
-            if key in self._forward_seen:
+            if key in self._forward_seen and not self._step_driver.repeated_call_waits(tensors):
                 self._forward_seen.clear()
                 self._end_iteration(self.iteration)
                 self.iteration += 1

@@ -397,7 +397,7 @@ class EagerCapture(NativeEager, OperatorPath):
         session = self.session
         self._internal += 1
         try:
-            session.enter_forward((self.graph_id, id(module)))     # may end the iteration
+            session.enter_forward((self.graph_id, id(module)), module.parameters())     # may end the iteration
         finally:
             self._internal -= 1
         if self._checked != session.iteration:

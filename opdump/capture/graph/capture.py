@@ -194,7 +194,7 @@ class GraphCapture:
             session = capture.session
             if session is not None:
                 fid = capture.forward_id if capture.forward_id is not None else -1
-                session.enter_forward(capture.entry if capture.entry is not None else fid)
+                session.enter_forward(capture.entry if capture.entry is not None else fid, args)
                 if not capture.failed and (capture.real_fn is None or (capture.device_ok and session.is_dumping())):
                     try:
                         faults.check("dumped call")

@@ -1,0 +1,73 @@
+"""Is a live optimizer going to drive the iteration counter of this model?
+
+Until the first ``optimizer.step()`` (or ``session.step()``) the session counts
+iterations by top-level model calls: a model called again starts the next iteration
+(README, "Iterations": an inference loop has no other boundary).  A training step
+that calls its model twice (two inputs, a siamese pair, a consistency loss) would
+then split step 0 into iterations 0 and 1 and shift every later step by one, although
+the program has an optimizer whose ``step()`` will count.  So, when a call repeats
+before any step, the session asks :func:`optimizer_holds`: does a live
+``torch.optim.Optimizer`` hold one of the tensors the call reads (the eager root
+module's parameters, a compiled graph's inputs)?  If so the call stays in the current
+iteration and the optimizer's step ends it.
+
+Cost: nothing until some optimizer class has been instantiated (torch marks a class's
+``step`` as ``hooked`` at its first construction); then one walk of the garbage
+collector's objects (~0.1 s for a process holding ``transformers``), done again only
+when another optimizer class appears.  Never raises: any failure answers ``False``
+(the old rule).
+"""
+from __future__ import annotations
+
+import gc
+from typing import Iterable, Optional, Tuple
+
+import torch
+
+
+def _optimizer_classes(base=torch.optim.Optimizer):
+    for sub in base.__subclasses__():
+        yield sub
+        yield from _optimizer_classes(sub)
+
+
+def constructed_classes() -> Tuple[str, ...]:
+    """The optimizer classes instantiated at least once in this process (cheap)."""
+    return tuple(sorted(c.__qualname__ for c in _optimizer_classes()
+                        if getattr(getattr(c, "step", None), "hooked", False)))
+
+
+def optimizer_holds(tensors: Iterable[object]) -> bool:
+    """True when a live optimizer's ``param_groups`` hold one of ``tensors``."""
+    try:
+        held = set()
+        for obj in gc.get_objects():
+            if issubclass(type(obj), torch.optim.Optimizer):   # type(): no __class__ property runs
+                for group in getattr(obj, "param_groups", ()):
+                    held.update(id(p) for p in group.get("params", ()))
+        if not held:
+            return False
+        return any(id(t) in held for t in tensors if isinstance(t, torch.Tensor))
+    except Exception:           # a best-effort guess: the old rule on any surprise
+        return False
+
+
+class StepDriverProbe:
+    """Answers, for one session, whether a repeated call is part of an optimizer's step.
+
+    ``True`` is kept until the session is driven (the optimizer's step then counts);
+    ``False`` is kept until another optimizer class is constructed in the process."""
+
+    def __init__(self) -> None:
+        self._answer: Optional[bool] = None
+        self._classes: Tuple[str, ...] = ()
+
+    def repeated_call_waits(self, tensors: Iterable[object]) -> bool:
+        if self._answer:
+            return True
+        classes = constructed_classes()
+        if not classes or (self._answer is False and classes == self._classes):
+            return False
+        self._classes = classes
+        self._answer = optimizer_holds(tensors)
+        return self._answer

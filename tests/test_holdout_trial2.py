@@ -1,0 +1,102 @@
+"""opdump tried a second time as a new user would (README "Quick start", "Eager mode",
+"Statistics", "Analysis"), on models in neither the zoo nor the bench: small random
+``transformers`` models (GPT-NeoX, OPT, Bloom, Phi, Falcon, StableLM, RoBERTa, MobileBERT,
+Segformer, Swin) and hand-written small-kernel models (many tiny ops, in-place ops, a shared
+module, a model called twice per step). What broke, each with its regression test here:
+
+* A training step that calls its model twice (two inputs, a consistency loss) before
+  ``optimizer.step()``: until the first optimizer step the session counted iterations by
+  top-level calls, so step 0 was split into iterations 0 (first call) and 1 (second call,
+  backward, optimizer) and every later step was numbered one too high (4 iteration folders for
+  3 steps; ``iteration: "5"`` dumped step 4). Now a repeated call waits when a live optimizer
+  holds the model's parameters (eager) or the graph's inputs (compiled): its ``step()`` ends the
+  iteration (opdump/step_driver.py). An inference loop, with no optimizer of the model, still
+  counts one iteration per call.
+"""
+import csv
+import glob
+import os
+
+import pytest
+import torch
+import torch.nn as nn
+
+import opdump
+from opdump.capture.eager import EagerCapture
+from conftest import write_config
+
+
+class _Tiny(nn.Module):
+    """Many tiny ops, an in-place ReLU, one Linear shared by three calls."""
+
+    def __init__(self, d=8):
+        super().__init__()
+        self.a = nn.Linear(d, d)
+        self.ln = nn.LayerNorm(d)
+
+    def forward(self, x):
+        for _ in range(3):
+            x = self.ln(self.a(x).relu_() * 0.5 + x)
+        return x
+
+
+def _scopes_by_iteration(dump):
+    """{iteration: set of the first two scope levels of its statistic.csv rows}."""
+    out = {}
+    for path in glob.glob(os.path.join(str(dump), "rank_0", "Net", "*", "*", "statistic.csv")):
+        it = int(os.path.basename(os.path.dirname(path)))
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
+                if row["Op Type"] != "Parameter":
+                    out.setdefault(it, set()).add("/".join(row["Op Name"].split("/")[:2]))
+    return out
+
+
+def _twice_per_step(session_model, model, opt, steps):
+    g = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        x = torch.randn(4, 8, generator=g)
+        loss = (session_model(x) - session_model(x * 2)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def test_eager_model_called_twice_per_step_is_one_iteration(tmp_path):
+    torch.manual_seed(0)
+    model = _Tiny()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    cfg = write_config(tmp_path, common={"saved_data": "statistic", "statistic_category": ["max"]})
+    with opdump.Session(cfg) as s, EagerCapture(s):
+        _twice_per_step(model, model, opt, 3)
+    scopes = _scopes_by_iteration(tmp_path / "dump")
+    assert sorted(scopes) == [0, 1, 2]                  # 3 steps, 3 iterations (was 0..3)
+    for it in (0, 1, 2):                               # each step: both calls, backward, optimizer
+        assert {"Default/_Tiny", "Default/_Tiny@1", "Gradients/Default", "Default/optimizer-AdamW"} <= scopes[it], it
+
+
+def test_inference_loop_still_counts_calls(tmp_path):
+    """No optimizer holds this model's parameters (one holds another model's): each call is
+    an iteration, as README "Iterations" says."""
+    torch.manual_seed(0)
+    model, other = _Tiny(), nn.Linear(2, 2)
+    opt = torch.optim.SGD(other.parameters(), lr=0.1)      # alive, but not this model's
+    cfg = write_config(tmp_path, common={"saved_data": "statistic", "statistic_category": ["max"]})
+    with opdump.Session(cfg) as s, EagerCapture(s), torch.no_grad():
+        for _ in range(3):
+            model(torch.randn(2, 8))
+    assert sorted(_scopes_by_iteration(tmp_path / "dump")) == [0, 1, 2]
+    del opt
+
+
+def test_compiled_model_called_twice_per_step_is_one_iteration(tmp_path):
+    torch.manual_seed(0)
+    model = _Tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    cfg = write_config(tmp_path, common={"saved_data": "statistic", "statistic_category": ["max"]})
+    with opdump.Session(cfg) as s:
+        compiled = torch.compile(model, backend=s.backend("eager"))
+        _twice_per_step(compiled, model, opt, 2)
+    its = sorted({int(os.path.basename(os.path.dirname(p))) for p in
+                  glob.glob(os.path.join(str(tmp_path / "dump"), "rank_0", "Net", "*", "*", "statistic.csv"))})
+    assert its == [0, 1]
