@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from typing import Callable, List, Optional
 
-__all__ = ["write_rows_in_halves", "MIN_ROWS"]
+__all__ = ["write_rows_in_halves", "write_slices_in_halves", "MIN_ROWS"]
 
 #: below this many rows the fork costs more than half the rows' text
 MIN_ROWS = 20_000
@@ -34,11 +34,11 @@ def rows_text(cols: List[List[str]]) -> str:
     return "\n".join(map(",".join, zip(*cols))) + "\n"
 
 
-def _child(table, h: int, part: str, fields: Callable) -> None:
-    """In the forked child: write the fields of rows ``h``.. to ``part``, exit (0: written)."""
+def _child(n: int, h: int, part: str, fields_of: Callable) -> None:
+    """In the forked child: write the fields of rows ``h``..``n`` to ``part``, exit (0: written)."""
     code = 1
     try:
-        cols = fields(table.iloc[h:])
+        cols = fields_of(h, n)
         if cols is None:
             code = 3
         else:
@@ -58,9 +58,15 @@ def write_rows_in_halves(table, f, fields: Callable) -> Optional[bool]:
     or None for a frame it cannot write.  Returns None when it did not apply (nothing
     written), False when ``fields`` refused a half (part of the rows may be written: the
     caller writes the whole table again another way), True when written."""
+    return write_slices_in_halves(len(table), f, lambda lo, hi: fields(table.iloc[lo:hi]))
+
+
+def write_slices_in_halves(n: int, f, fields_of: Callable) -> Optional[bool]:
+    """:func:`write_rows_in_halves` of ``n`` rows whose fields ``fields_of(lo, hi)`` gives for
+    rows ``lo``..``hi`` (column by column; None: rows it cannot write) -- a table held as
+    columns (:mod:`.stat_csv`) needs no frame."""
     global last_mode
     from .open_pair import enabled
-    n = len(table)
     if n < MIN_ROWS or not enabled():
         return None
     h = n // 2
@@ -70,9 +76,9 @@ def write_rows_in_halves(table, f, fields: Callable) -> Optional[bool]:
     except OSError:
         return None
     if pid == 0:
-        _child(table, h, part, fields)
+        _child(n, h, part, fields_of)
     try:
-        first = fields(table.iloc[:h])
+        first = fields_of(0, h)
         if first is None:
             return False
         f.write(rows_text(first))                       # while the child makes the second half
@@ -82,7 +88,7 @@ def write_rows_in_halves(table, f, fields: Callable) -> Optional[bool]:
         if code == 3:
             return False                                # the child's half has a field not known here
         if code != 0:
-            second = fields(table.iloc[h:])             # the child failed: this half made here
+            second = fields_of(h, n)                    # the child failed: this half made here
             if second is None:
                 return False
             f.write(rows_text(second))

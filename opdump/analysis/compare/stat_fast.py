@@ -28,7 +28,8 @@ turns this path off.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from operator import itemgetter
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -198,6 +199,7 @@ def _tie_breaks(sa, sb, blocks, ai, bi, rules, dclass) -> bool:
     dclass_a = np.empty(len(dclass), dtype=object)
     dclass_a[:] = dclass
     code_a, code_b = _fingerprint_codes(sa, sb)
+    code_a_np, code_b_np = np.asarray(code_a, dtype=np.int64), np.asarray(code_b, dtype=np.int64)
     io_b, slot_b, ops_b = sb["io"].tolist(), sb["slot"].tolist(), sb["op"].tolist()
     ops_a, iob, slots = arr_a["op"], arr_a["io"], arr_a["slot"]
     bi_l = bi.tolist()
@@ -213,14 +215,18 @@ def _tie_breaks(sa, sb, blocks, ai, bi, rules, dclass) -> bool:
         except TypeError:                           # an unhashable cell: this block on its own
             key, groups = None, None
         if groups is None:
-            groups = _tie_groups(*block)
+            groups = _with_getters(_tie_groups(*block))
             if key is not None:
                 memo[key] = groups
-        for group in groups:
-            fa = [tuple(code_a[ai_l[s0 + o]] for o in fp) for _, fp in group]
-            fb = [tuple(code_b[bi_l[s0 + o]] for o in fp) for _, fp in group]
-            if fa == fb:
-                continue
+        if not groups:
+            continue
+        blk_a = code_a_np[rows].tolist()            # the block's codes by row offset (one gather a side)
+        blk_b = code_b_np[bi[s0:e0]].tolist()
+        for group, getters in groups:
+            fa = [g(blk_a) for g in getters]        # a call's fingerprint: its codes at its offsets
+            fb = [g(blk_b) for g in getters]
+            if fa == fb or set(fa).isdisjoint(fb):
+                continue                            # pair_by_fingerprint keeps every pair in place
             for x, y in pair_by_fingerprint(fa, fb):
                 if x != y:
                     moved.append(([s0 + o for o in group[x][0]], [s0 + o for o in group[y][0]]))
@@ -236,6 +242,15 @@ def _tie_breaks(sa, sb, blocks, ai, bi, rules, dclass) -> bool:
             bi[k] = j
             rules[k] = rule
     return True
+
+
+def _with_getters(groups: List[List[tuple]]) -> List[Tuple[List[tuple], List[Callable]]]:
+    """Each tie group with, per call, a function taking a block's codes (by row offset) to
+    the call's fingerprint: the codes at its offsets as a tuple (``itemgetter``: made in C).
+    Fingerprints are only compared with each other, for equality, within a group (the calls
+    of one signature: as many offsets each), so a one-offset call's fingerprint may be the
+    code itself instead of a 1-tuple."""
+    return [(group, [itemgetter(*fp) for _, fp in group]) for group in groups]
 
 
 def _runs(blocks: List[int]) -> List[Tuple[int, int]]:

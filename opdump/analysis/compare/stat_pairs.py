@@ -18,11 +18,12 @@ from typing import Any, Callable, Dict, List, Optional
 import numpy as np
 
 from ..common import is_garbage, is_random_op
-from ..reader.records_columns import typed_array
 from .fields import make_tensors
 from .first import first_difference, first_divergence
 from .pairs import TABLE_COLUMNS, Pair, _shape_text, shape_from_text
 from .result import CompareResult, rule_of
+from .stat_csv import Cells
+from .stat_result import StatCompareResult, with_cells
 from .stat_cells import iterations_of, per_distinct
 from .stat_columns import _VALUES, column_of_values, judge_columns
 
@@ -232,11 +233,11 @@ def _sources(sp: StatPairs, da, db, sources) -> None:
     c["source"] = list(map(cache.__getitem__, keys))
 
 
-def _table(sp: StatPairs, pd):
-    """The table the per-row stages build from rows of Python objects: each column of one
-    of int/float/bool as that array (what ``infer_objects`` makes of it), any other as
-    objects then inferred; ``order`` 0.. and the iterations ``Int64``; columns no pair fills
-    all None."""
+def _table_cells(sp: StatPairs) -> Cells:
+    """The table the per-row stages build from rows of Python objects, as cells
+    (:mod:`.stat_csv`: made a DataFrame only when read): each column of one of
+    int/float/bool as that array (what ``infer_objects`` makes of it), any other as objects
+    then inferred; ``order`` 0.. and the iterations ``Int64``; columns no pair fills all None."""
     c = sp.cols
     n = len(c["rank"])
     m = c["metrics"]
@@ -247,24 +248,22 @@ def _table(sp: StatPairs, pd):
         "stat_max_rel_diff": [x.get("stat_max_rel_diff") for x in m],
         "dtype_a": c["dtype_a"], "dtype_b": c["dtype_b"], "shape_a": c["shape_a"], "shape_b": c["shape_b"],
         "source": c["source"]}
-    cols = {}
+    cells: Cells = {}
     for k in TABLE_COLUMNS:
         if k == "order":
-            cols[k] = np.arange(n, dtype=np.int64)
+            cells[k] = ("order", n)
         elif k in ("iteration", "iteration_b"):
-            cols[k] = pd.array(c[k], dtype="Int64")
+            cells[k] = ("Int64", c[k])
         elif k not in data:
-            cols[k] = np.full(n, None, dtype=object)
+            cells[k] = ("none", n)
         else:
-            arr = typed_array(data[k]) if n else None       # one of int/float/bool: infer_objects' array
-            cols[k] = arr if arr is not None else np.fromiter(data[k], dtype=object, count=n)
-    table = pd.DataFrame(cols, columns=list(TABLE_COLUMNS)).infer_objects()   # object columns only
-    return table
+            cells[k] = ("cells", data[k])
+    return cells
 
 
 def finish_result(da, db, sp: StatPairs, rank_pairs, it_pairs, thresholds, sources) -> CompareResult:
-    """The :class:`CompareResult` of ``sp`` (``compare``'s last stages, column-wise)."""
-    import pandas as pd
+    """The :class:`CompareResult` of ``sp`` (``compare``'s last stages, column-wise); its
+    table is held as cells (:mod:`.stat_result`)."""
     _sources(sp, da, db, sources)
     c = sp.cols
     n = len(c["rank"])
@@ -282,14 +281,14 @@ def finish_result(da, db, sp: StatPairs, rank_pairs, it_pairs, thresholds, sourc
     calls_b = len(set(compress(zip(c["rank_b"], c["iteration_b"], c["graph_b"], c["op_file_b"], c["call_b"]),
                                map("op".__eq__, c["kind_b"]))))
     ops = {"calls_a": calls_a, "matched_a": calls_a, "calls_b": calls_b, "matched_b": calls_b}
-    result = CompareResult(str(da.path), str(db.path), _table(sp, pd), None, [], [], [], [], thresholds, it_pairs,
+    result = StatCompareResult(str(da.path), str(db.path), None, None, [], [], [], [], thresholds, it_pairs,
                            (rank_pairs[0] if len(rank_pairs) == 1 else (None, None)), matched_by=matched_by,
                            operators=ops, unreadable=[], warnings=[], front_end_a=[], front_end_b=[],
                            kernel_only_a=[], kernel_only_b=[])
     result.first_divergence, result.diverged_parameters = fdiv, params
     result.nondeterministic_before = nondet_d if same and fdiff is not None else nondet
     result.first_difference, result.rule, result.rule_note = fdiff, rule, note
-    return result
+    return with_cells(result, _table_cells(sp))
 
 
 def _mask(bools, n: int) -> np.ndarray:
