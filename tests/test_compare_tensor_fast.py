@@ -38,14 +38,17 @@ def _spy(monkeypatch):
     return seen, real
 
 
-def _both(monkeypatch, tmp_path, a, b, **kw):
-    """(per-pair result, column-wise result, whether the column-wise path answered)."""
+def _both(monkeypatch, tmp_path, a, b, before=lambda: None, **kw):
+    """(per-pair result, column-wise result, whether the column-wise path answered);
+    ``before()`` runs before each compare."""
     kw.setdefault("progress", False)
     kw.setdefault("workers", 1)
     monkeypatch.setenv("OPDUMP_COMPARE_FAST", "0")
+    before()
     slow = compare(a, b, **kw)
     monkeypatch.setenv("OPDUMP_COMPARE_FAST", "1")
     seen, real = _spy(monkeypatch)
+    before()
     fast = compare(a, b, **kw)
     monkeypatch.setattr(run_mod, "tensor_compare", real)
     pd.testing.assert_frame_equal(slow.table, fast.table, check_exact=True)
@@ -221,3 +224,71 @@ def test_tie_break_on_real_captures(monkeypatch, tmp_path):
     assert len(muls) and (muls["max_abs_err"] == 0).all()           # re-paired by value, as per pair
     _, _, taken = _both(monkeypatch, tmp_path, plain, plain)
     assert taken
+
+
+def test_a_file_gone_after_its_header_was_read(monkeypatch, tmp_path, dumps):
+    """A file removed between the header index and the metric pass (a dump being cleaned
+    up): its pair is unreadable, named in the summary, the same way on both paths."""
+    b = _copy(dumps["perturbed"], tmp_path / "gone")
+    target = str(file_of(b, "Default/Net/relu-op2", "output", 0, iteration=1))
+    keep = tmp_path / "kept.npy"
+    shutil.copy(target, keep)
+    real = run_mod._layouts
+
+    def layouts_then_remove(paths, *sizes):
+        out = real(paths, *sizes)
+        if target in paths:
+            Path(target).unlink()
+        return out
+    monkeypatch.setattr(run_mod, "_layouts", layouts_then_remove)
+    slow, fast, taken = _both(monkeypatch, tmp_path, dumps["a"], b, before=lambda: shutil.copy(keep, target))
+    assert taken and [p for p, _ in fast.unreadable] == [target]
+    assert (fast.table["verdict"] == "unreadable").sum() == 1
+
+
+def test_header_index_with_the_scans_sizes(tmp_path):
+    """``npy_layouts_sized`` (one system call a file less) gives what ``npy_layout`` gives
+    -- the layout, or an exception with the same text -- for plain, Fortran-order, version
+    2, object, truncated, bad-magic and empty files, and when the size is unknown (0)."""
+    import os
+    from opdump.analysis.reader import npy as N
+    files = {}
+    files["plain"] = np.arange(12, dtype=np.float32).reshape(3, 4)
+    files["fortran"] = np.asfortranarray(np.ones((3, 5), np.int64))
+    files["zero_d"] = np.array(3.5)
+    files["empty"] = np.zeros((0, 7), np.float16)
+    paths = []
+    for name, arr in files.items():
+        p = tmp_path / f"{name}.npy"
+        np.save(p, arr, allow_pickle=False)
+        paths.append(str(p))
+    p = tmp_path / "v2.npy"
+    with open(p, "wb") as f:
+        np.lib.format.write_array(f, np.ones(4, np.int32), version=(2, 0))
+    paths.append(str(p))
+    p = tmp_path / "objects.npy"
+    np.save(p, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    paths.append(str(p))
+    p = tmp_path / "truncated.npy"
+    np.save(p, np.ones(100, np.float64))
+    p.write_bytes(p.read_bytes()[:300])
+    paths.append(str(p))
+    p = tmp_path / "magic.npy"
+    p.write_bytes(b"not a numpy file at all" * 10)
+    paths.append(str(p))
+    p = tmp_path / "nothing.npy"
+    p.write_bytes(b"")
+    paths.append(str(p))
+
+    def one(path):
+        try:
+            return N.npy_layout(path)
+        except Exception as e:  # noqa: BLE001
+            return e
+    sizes = [os.path.getsize(x) for x in paths]
+    for got, want in zip(N.npy_layouts_sized(paths, sizes) + N.npy_layouts_sized(paths, [0] * len(paths)),
+                         [one(x) for x in paths] * 2):
+        if isinstance(want, Exception):
+            assert type(got) is type(want) and str(got) == str(want)
+        else:
+            assert got == want

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
-from ..reader.npy import dtype_name, npy_layout
+from ..reader.npy import dtype_name, npy_layout, npy_layouts_sized
 from ..reader import Dump, open_dump
 from .first import calls_in_order, first_difference, first_divergence
 from .mapping import load_mapping
@@ -41,21 +41,27 @@ class CompareError(ValueError):
     """Nothing to compare (empty dump, no common iteration, nothing matched)."""
 
 
-def _layouts(paths: List[str]) -> List[Any]:
+def _layouts(paths: List[str], sizes: Optional[List[int]] = None) -> List[Any]:
     """:func:`npy_layout` of every path (the exception where one cannot be read), read by a few
-    threads: the time goes into open/pread system calls, which run without the GIL."""
+    threads: the time goes into open/pread system calls, which run without the GIL.  ``sizes``:
+    the files' sizes as the folder scan read them (:func:`.reader.npy.npy_layouts_sized`)."""
     def one(p: str) -> Any:
         try:
             return npy_layout(p)
         except Exception as e:  # noqa: BLE001 - reported, never raised
             return e
+
+    def part(i: int, n: int) -> List[Any]:
+        if sizes is not None:
+            return npy_layouts_sized(paths[i:i + n], sizes[i:i + n])
+        return [one(p) for p in paths[i:i + n]]
     if len(paths) < 64:
-        return [one(p) for p in paths]
+        return part(0, len(paths))
     from concurrent.futures import ThreadPoolExecutor
     step = 256                      # one task per 256 files (a future per file costs more than its header)
     with ThreadPoolExecutor(max_workers=4) as ex:
-        parts = ex.map(lambda i: [one(p) for p in paths[i:i + step]], range(0, len(paths), step))
-        return [x for part in parts for x in part]
+        parts = ex.map(lambda i: part(i, step), range(0, len(paths), step))
+        return [x for chunk in parts for x in chunk]
 
 
 def _tensors(dump: Dump, rank: Optional[int]) -> List[Tensor]:

@@ -50,9 +50,13 @@ def _usable(rec) -> bool:
     return all(type(d) is str and d for d in rec["dtype"].tolist())
 
 
-def _with_layouts(rec, layouts: Callable[[List[str]], List[Any]]):
-    """(frame with ``shape`` the header shapes' text, layouts) or None when a header cannot be read."""
-    lays = layouts(rec["path"].tolist())
+def _with_layouts(rec, layouts: Callable[..., List[Any]]):
+    """(frame with ``shape`` the header shapes' text, layouts) or None when a header cannot be
+    read.  The files' sizes are the scan's (``nbytes``: one system call a file less)."""
+    sizes = rec["nbytes"].tolist() if "nbytes" in rec.columns else None
+    if sizes is not None and not all(type(x) is int for x in sizes):
+        sizes = None
+    lays = layouts(rec["path"].tolist(), sizes)
     if any(isinstance(x, Exception) for x in lays):
         return None
     texts = [_shape_text(x[0]) for x in lays]

@@ -155,6 +155,36 @@ def npy_layout(path: str) -> Layout:
     return layout
 
 
+def npy_layouts_sized(paths: List[str], sizes: List[int]) -> List[object]:
+    """:func:`npy_layout` of each path given the file's size as the folder scan read it
+    (``os.stat``, a moment earlier): one ``open``/``pread``/``close`` per file instead of four
+    system calls (~25% of a header index of 65,000 small files).  Each entry is the layout
+    or the exception :func:`npy_layout` raises (never raised here).  A size unknown (0), a
+    tensor of an Ascend bin file, or a header the fast parser does not read go through
+    :func:`npy_layout` itself."""
+    out: List[object] = []
+    for path, size in zip(paths, sizes):
+        try:
+            fast = None
+            if size > 0 and bincache.entry(path) is None:
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    fast = _fast_header(os.pread(fd, 512, 0))
+                finally:
+                    os.close(fd)
+            if fast is None:
+                out.append(npy_layout(path))
+                continue
+            shape, fortran, dtype, offset = fast
+            need = offset + math.prod(shape) * dtype.itemsize
+            if size < need:
+                raise truncated(need, size, shape, dtype)
+            out.append((shape, dtype, offset, fortran))
+        except Exception as e:  # noqa: BLE001 - reported by the caller, never raised
+            out.append(e)
+    return out
+
+
 def checked_header(path: str) -> Tuple[Tuple[int, ...], np.dtype, int]:
     """(shape, dtype, data offset) of a checked ``.npy`` file (see :func:`npy_layout`)."""
     return npy_layout(path)[:3]
