@@ -144,15 +144,14 @@ def _kept(m: Dict[str, Any]) -> Dict[str, Any]:
 def _table(tp: TensorPairs, pd):
     """The table ``compare``'s ``_result`` builds from one row of Python objects per pair:
     the same cells, each column converted by pandas' ``convert_object_array`` (what
-    ``DataFrame(rows)`` runs per column), then ``order`` and the ``Int64`` iterations set
-    as ``_result`` sets them."""
+    ``DataFrame(rows)`` runs per column); ``order`` (0..n-1, int64) and the ``Int64``
+    iterations (ints, None where missing) made directly, as ``_result`` ends with them."""
     from pandas.core.internals.construction import convert_object_array
     c = tp.cols
     n = len(c["rank"])
     m = c["metrics"]
     data: Dict[str, List[Any]] = {
-        "order": [None] * n, "rank": c["rank"], "iteration": c["iteration"], "iteration_b": c["iteration_b"],
-        "graph": c["graph"], "op": c["op"], "op_b": c["op_b"], "op_type": c["op_type"], "kind": c["kind"],
+        "rank": c["rank"], "graph": c["graph"], "op": c["op"], "op_b": c["op_b"], "op_type": c["op_type"], "kind": c["kind"],
         "io": c["io"], "slot": c["slot"], "call": c["call"], "match": c["match"], "mode": c["mode"],
         "verdict": c["verdict"], "reason": c["reason"], "identical": c["identical"],
         "dtype_a": c["dtype_a"], "dtype_b": c["dtype_b"], "shape_a": c["shape_a"], "shape_b": c["shape_b"],
@@ -160,16 +159,18 @@ def _table(tp: TensorPairs, pd):
         "path_b": per_distinct(on_disk, c["path_b"])}
     for k in METRIC_COLUMNS:
         data[k] = list(map(operator.methodcaller("get", k), m))
+    direct = {"order": np.arange(n, dtype=np.int64),       # _result: range(len(table)), Int64 iterations
+              "iteration": pd.array(c["iteration"], dtype="Int64"),
+              "iteration_b": pd.array(c["iteration_b"], dtype="Int64")}
+    names = [k for k in TABLE_COLUMNS if k not in direct]
     arrays = []
-    for k in TABLE_COLUMNS:
+    for k in names:
         arr = np.empty(n, dtype=object)
         arr[:] = data[k]
         arrays.append(arr)
-    table = pd.DataFrame(dict(zip(TABLE_COLUMNS, convert_object_array(arrays, dtype=None))), columns=TABLE_COLUMNS)
-    table["order"] = range(len(table))
-    for k in ("iteration", "iteration_b"):
-        table[k] = pd.array([None if v is None or v != v else int(v) for v in table[k]], dtype="Int64")
-    return table
+    cols = dict(zip(names, convert_object_array(arrays, dtype=None)))
+    cols.update(direct)
+    return pd.DataFrame({k: cols[k] for k in TABLE_COLUMNS}, columns=TABLE_COLUMNS)
 
 
 def finish_tensor_result(da, db, tp: TensorPairs, rank_pairs, it_pairs, thresholds, sources) -> CompareResult:
