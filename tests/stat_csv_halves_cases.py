@@ -14,7 +14,7 @@ import threading
 import pytest
 
 from opdump.analysis.compare import compare
-from opdump.analysis.compare.stat_csv import frame_of_cells, write_cells_csv
+from opdump.analysis.compare.stat_csv import cells_length, frame_of_cells, write_cells_csv
 
 import test_compare_stat_csv as unit
 from test_compare_stat_fastpath import write_stats_dump
@@ -57,11 +57,10 @@ def test_statistics_compare_csv_in_halves_is_the_per_row_stages_csv(tmp_path, mo
     old = compare(str(a), str(b), progress=False)
     monkeypatch.setenv("OPDUMP_COMPARE_FAST", "1")
     new = compare(str(a), str(b), progress=False)
-    assert len(new.table) > 20_000 and new._frame is not None       # read above: made from the cells
-    new._frame = None                                                 # the cells' CSV, not the frame's
+    assert cells_length(new._cells) > 20_000 and new._frame is None
     halves.last_mode = ""
     new.to_csv(tmp_path / "new.csv")
-    assert halves.last_mode == "child" and new._frame is None
+    assert halves.last_mode == "child" and new._frame is None          # the cells' CSV, not the frame's
     old.to_csv(tmp_path / "old.csv")
     assert (tmp_path / "new.csv").read_bytes() == (tmp_path / "old.csv").read_bytes()
     assert (tmp_path / "new.csv").read_bytes() == unit._pandas(old.table, tmp_path / "pandas.csv")

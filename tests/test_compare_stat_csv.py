@@ -112,7 +112,10 @@ def test_lazy_result_reads_as_the_eager_one(tmp_path):
     assert (tmp_path / "lazy.csv").read_bytes() == (tmp_path / "eager.csv").read_bytes()
     assert lazy._frame is None                      # neither the CSV nor the summary made the frame
     pd.testing.assert_frame_equal(lazy.table, eager.table, check_exact=True)
-    assert lazy.table is lazy.table                 # made once, then kept
+    assert lazy.table is lazy.table and lazy._cells is None     # made once, then kept; the cells let go
+    lazy.to_csv(tmp_path / "again.csv")             # now through the frame: the same bytes
+    assert (tmp_path / "again.csv").read_bytes() == (tmp_path / "eager.csv").read_bytes()
+    assert lazy.counts == eager.counts
 
 
 def test_a_table_changed_after_reading_is_what_to_csv_writes(tmp_path):

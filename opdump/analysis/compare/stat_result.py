@@ -8,7 +8,7 @@ building it cost ~0.09 s of CPU on 100,000 rows.
 
 Guarantee: everything a caller reads is what the eager result gives -- ``table`` is
 :func:`.stat_csv.frame_of_cells` of the cells (the frame the eager path built), made on
-first read and kept; ``counts`` the same dict (the verdict column inferred alone, as the
+first read and kept (the cells then let go: memory as the eager result's); ``counts`` the same dict (the verdict column inferred alone, as the
 frame infers it column by column, then ``value_counts``); ``to_csv`` the same bytes
 (:func:`.stat_csv.write_cells_csv`, else the frame's writer).  Once the frame exists
 (read, or assigned), it is the table: changes made to it are what ``to_csv`` writes.
@@ -35,6 +35,7 @@ class StatCompareResult(CompareResult):
     def table(self):
         if self._frame is None and self._cells is not None:
             self._frame = frame_of_cells(self._cells)
+            self._cells = None                  # one copy of the table held, not two
         return self._frame
 
     @table.setter
