@@ -292,3 +292,15 @@ def test_header_index_with_the_scans_sizes(tmp_path):
             assert type(got) is type(want) and str(got) == str(want)
         else:
             assert got == want
+
+
+def test_the_real_mindspore_sample(monkeypatch, tmp_path):
+    """MindSpore's own CPU dump of an MLP (tests/data/mindspore_cpu_mlp) against a copy whose
+    first weight file is scaled: the column-wise path answers, with the per-pair results."""
+    from analysis_fixtures import MS_SAMPLE
+    b = _copy(MS_SAMPLE, tmp_path / "ms_b")
+    folder = next(p for p in sorted((b / "rank_0").rglob("*.npy")) if "Parameter" in p.name or "input" in p.name)
+    arr = np.load(folder)
+    np.save(folder, (arr * 1.001).astype(arr.dtype) if arr.dtype.kind == "f" else arr, allow_pickle=False)
+    _, fast, taken = _both(monkeypatch, tmp_path, MS_SAMPLE, b)
+    assert taken and len(fast.table)
