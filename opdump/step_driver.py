@@ -7,9 +7,11 @@ that calls its model twice (two inputs, a siamese pair, a consistency loss) woul
 then split step 0 into iterations 0 and 1 and shift every later step by one, although
 the program has an optimizer whose ``step()`` will count.  So, when a call repeats
 before any step, the session asks :func:`optimizer_holds`: does a live
-``torch.optim.Optimizer`` hold one of the tensors the call reads (the eager root
-module's parameters, a compiled graph's inputs)?  If so the call stays in the current
-iteration and the optimizer's step ends it.
+``torch.optim.Optimizer`` hold one of the parameters the call reads (the eager root
+module's parameters, a compiled graph's parameter inputs) -- or, for a call that reads
+no parameter (a criterion module called twice, a compiled loss function), does any live
+optimizer exist?  If so the call stays in the current iteration and the optimizer's
+step ends it.
 
 Cost: nothing until some optimizer class has been instantiated (torch marks a class's
 ``step`` as ``hooked`` at its first construction); then one walk of the garbage
@@ -38,8 +40,11 @@ def constructed_classes() -> Tuple[str, ...]:
 
 
 def optimizer_holds(tensors: Iterable[object]) -> bool:
-    """True when a live optimizer's ``param_groups`` hold one of ``tensors``."""
+    """True when a live optimizer's ``param_groups`` hold one of the parameters among
+    ``tensors`` -- or, when there is none (a criterion module, a compiled loss function),
+    when any live optimizer holds anything: such a call is part of the step too."""
     try:
+        params = [t for t in tensors if isinstance(t, torch.nn.Parameter)]
         held = set()
         for obj in gc.get_objects():
             if issubclass(type(obj), torch.optim.Optimizer):   # type(): no __class__ property runs
@@ -47,7 +52,7 @@ def optimizer_holds(tensors: Iterable[object]) -> bool:
                     held.update(id(p) for p in group.get("params", ()))
         if not held:
             return False
-        return any(id(t) in held for t in tensors if isinstance(t, torch.Tensor))
+        return not params or any(id(t) in held for t in params)
     except Exception:           # a best-effort guess: the old rule on any surprise
         return False
 

@@ -100,3 +100,26 @@ def test_compiled_model_called_twice_per_step_is_one_iteration(tmp_path):
     its = sorted({int(os.path.basename(os.path.dirname(p))) for p in
                   glob.glob(os.path.join(str(tmp_path / "dump"), "rank_0", "Net", "*", "*", "statistic.csv"))})
     assert its == [0, 1]
+
+
+def test_criterion_module_called_twice_per_step_is_one_iteration(tmp_path):
+    """A parameterless root module (the loss) called twice per step: any live optimizer
+    means a step will come."""
+    torch.manual_seed(0)
+    model, crit = _Tiny(), nn.MSELoss()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    cfg = write_config(tmp_path, common={"saved_data": "statistic", "statistic_category": ["max"]})
+    g = torch.Generator().manual_seed(0)
+    with opdump.Session(cfg) as s, EagerCapture(s):
+        for _ in range(2):
+            x = torch.randn(4, 8, generator=g)
+            with torch.no_grad():
+                target = x * 0.5
+            out = model(x)
+            loss = crit(out, target) + crit(out * 2, target)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    scopes = _scopes_by_iteration(tmp_path / "dump")
+    assert sorted(scopes) == [0, 1]
+    assert {"Default/_Tiny", "Default/MSELoss", "Default/MSELoss@1"} <= scopes[0]
