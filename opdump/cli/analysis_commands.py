@@ -229,11 +229,12 @@ def cmd_compare(args) -> int:
         if args.csv == "-":
             res.table.to_csv(sys.stdout, index=False)
         if args.show:
-            t = res.table
+            shown = ["iteration", "op", "io", "slot", "verdict", "cosine", "max_abs_err", "reason"]
+            t = res.table_columns(shown)        # only these (a statistics compare builds no whole table)
             bad = t[t["verdict"].isin(["diverged", "warning", "nondeterministic"])].head(args.show)
             if len(bad):
                 print("first non-passing tensors:")
-                _pd_print(bad[["iteration", "op", "io", "slot", "verdict", "cosine", "max_abs_err", "reason"]])
+                _pd_print(bad[shown])
         if args.csv and args.csv != "-":
             print(f"table: {args.csv}")
         if args.html:

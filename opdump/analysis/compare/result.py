@@ -69,6 +69,11 @@ class CompareResult:
         return (self.first_divergence is not None or bool(self.diverged_parameters)
                 or (self.rule == RULE_FIRST_DIFFERENCE and self.first_difference is not None))
 
+    def table_columns(self, columns: List[str]):
+        """``table[columns]``: the columns a caller lists (``opdump compare``'s non-passing
+        tensors) -- a statistics compare makes them without the whole table (.stat_result)."""
+        return self.table[columns]
+
     def to_csv(self, path: Union[str, os.PathLike]) -> None:
         from .table_csv import write_table_csv      # pandas' bytes, column-wise (.table_csv)
         replace_whole(path, lambda tmp: write_table_csv(self.table, tmp))
