@@ -192,7 +192,8 @@ def _tie_breaks(sa, sb, blocks, ai, bi, rules, dclass) -> bool:
     depends only on the block's rows (kind, names, types, io, slot, call, shape, dtype
     class), so blocks with the same rows share it (:func:`_tie_groups`, computed once);
     only the fingerprints (statistics values, as codes: :func:`_fingerprint_codes`) are
-    block by block."""
+    block by block, and only the groups where a fingerprint of A meets another call's in B
+    (:func:`_cross_matches`, all blocks of a kind at once) can re-pair."""
     from .match import pair_by_fingerprint          # the matcher's pairing of fingerprints
     cols = ("kind", "graph", "op_file", "call", "op", "op_type", "io", "slot", "shape")
     arr_a = {c: sa[c].to_numpy(dtype=object) for c in cols}
@@ -204,29 +205,35 @@ def _tie_breaks(sa, sb, blocks, ai, bi, rules, dclass) -> bool:
     ops_a, iob, slots = arr_a["op"], arr_a["io"], arr_a["slot"]
     bi_l = bi.tolist()
     ai_l = ai.tolist()
-    memo: Dict[tuple, list] = {}
-    moved: List[Tuple[List[int], List[int]]] = []
+    memo: Dict[tuple, int] = {}                     # a block's rows -> its place in kinds
+    kinds: List[List[tuple]] = []                   # (tie groups with their getters) of each kind of block
+    tied: List[Tuple[int, int, int]] = []           # (start, end, kind) of the blocks holding tie groups
     for s0, e0 in _runs(blocks):
         rows = ai[s0:e0]
         block = [arr_a[c][rows].tolist() for c in cols] + [dclass_a[rows].tolist()]
         try:
             key = tuple(tuple(x) for x in block)
-            groups = memo.get(key)
+            k = memo.get(key)
         except TypeError:                           # an unhashable cell: this block on its own
-            key, groups = None, None
-        if groups is None:
-            groups = _with_getters(_tie_groups(*block))
+            key, k = None, None
+        if k is None:
+            k = len(kinds)
+            kinds.append(_with_getters(_tie_groups(*block)))
             if key is not None:
-                memo[key] = groups
-        if not groups:
-            continue
-        blk_a = code_a_np[rows].tolist()            # the block's codes by row offset (one gather a side)
+                memo[key] = k
+        if kinds[k]:
+            tied.append((s0, e0, k))
+    moved: List[Tuple[List[int], List[int]]] = []
+    for (s0, e0, k), check in zip(tied, _cross_matches(tied, kinds, ai, bi, code_a_np, code_b_np)):
+        if not check.any():
+            continue                                # pair_by_fingerprint keeps every pair in place
+        blk_a = code_a_np[ai[s0:e0]].tolist()       # the block's codes by row offset (one gather a side)
         blk_b = code_b_np[bi[s0:e0]].tolist()
-        for group, getters in groups:
+        for (group, getters), needed in zip(kinds[k], check.tolist()):
+            if not needed:
+                continue
             fa = [g(blk_a) for g in getters]        # a call's fingerprint: its codes at its offsets
             fb = [g(blk_b) for g in getters]
-            if fa == fb or set(fa).isdisjoint(fb):
-                continue                            # pair_by_fingerprint keeps every pair in place
             for x, y in pair_by_fingerprint(fa, fb):
                 if x != y:
                     moved.append(([s0 + o for o in group[x][0]], [s0 + o for o in group[y][0]]))
@@ -251,6 +258,34 @@ def _with_getters(groups: List[List[tuple]]) -> List[Tuple[List[tuple], List[Cal
     of one signature: as many offsets each), so a one-offset call's fingerprint may be the
     code itself instead of a 1-tuple."""
     return [(group, [itemgetter(*fp) for _, fp in group]) for group in groups]
+
+
+def _cross_matches(tied, kinds, ai, bi, code_a, code_b) -> List[np.ndarray]:
+    """Per tied block, per tie group: whether a call's fingerprint in A equals another
+    call's in B (the same codes at their offsets).  Where none does, the matcher's
+    :func:`.match.pair_by_fingerprint` pairs every call with itself (a call can only find
+    its own place's fingerprint; the calls left over take the free places in order: their
+    own), so only the groups marked here can move.  Worked out for all blocks of one kind
+    at once (the same offsets: one array of codes per side, blocks by rows)."""
+    out: List[Optional[np.ndarray]] = [None] * len(tied)
+    by_kind: Dict[int, List[int]] = {}
+    for i, (_, _, k) in enumerate(tied):
+        by_kind.setdefault(k, []).append(i)
+    for k, idx in by_kind.items():
+        starts = np.asarray([tied[i][0] for i in idx], dtype=np.int64)
+        width = tied[idx[0]][1] - tied[idx[0]][0]
+        at = starts[:, None] + np.arange(width, dtype=np.int64)
+        ca, cb = code_a[ai[at]], code_b[bi[at]]     # blocks x row offsets
+        flags = np.zeros((len(idx), len(kinds[k])), dtype=bool)
+        for g, (group, _) in enumerate(kinds[k]):
+            offs = [np.asarray(fp, dtype=np.int64) for _, fp in group]
+            for x, ox in enumerate(offs):
+                for y, oy in enumerate(offs):
+                    if x != y and len(ox) == len(oy):
+                        flags[:, g] |= (ca[:, ox] == cb[:, oy]).all(axis=1)
+        for row, i in enumerate(idx):
+            out[i] = flags[row]
+    return out
 
 
 def _runs(blocks: List[int]) -> List[Tuple[int, int]]:
