@@ -12,10 +12,19 @@ module, a model called twice per step). What broke, each with its regression tes
   holds the model's parameters (eager) or the graph's inputs (compiled): its ``step()`` ends the
   iteration (opdump/step_driver.py). An inference loop, with no optimizer of the model, still
   counts one iteration per call.
+* (open, strict xfail: opdump/capture/eager/native/ belongs to another helper) An eager
+  statistics dump of a model run under ``torch.inference_mode()`` warns "the native eager
+  capture stopped (its operators differ ...)" although README ("Native statistics path")
+  says a program the probe turns away is silent unless ``OPDUMP_NATIVE_EAGER=1``:
+  ``_native_end_probe`` clears ``_native_probing`` before calling ``_native_fail``, whose
+  ``quiet`` test reads it. (The observer misses the ``linear`` calls under inference mode, so
+  the Python capture serves every iteration: nothing is lost, only the message is wrong.)
 """
 import csv
 import glob
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -123,3 +132,35 @@ def test_criterion_module_called_twice_per_step_is_one_iteration(tmp_path):
     scopes = _scopes_by_iteration(tmp_path / "dump")
     assert sorted(scopes) == [0, 1]
     assert {"Default/_Tiny", "Default/MSELoss", "Default/MSELoss@1"} <= scopes[0]
+
+
+_INFERENCE_SCRIPT = """
+import sys, warnings, torch, torch.nn as nn, opdump
+from opdump.capture.eager import EagerCapture
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    with opdump.Session(sys.argv[1]) as s, EagerCapture(s):
+        for _ in range(3):
+            with torch.inference_mode():
+                model(torch.randn(3, 4))
+for w in caught:
+    print("WARNING", w.message)
+"""
+
+
+@pytest.mark.xfail(strict=True, reason="native/path.py _native_end_probe sets _native_probing = False before "
+                   "_native_fail reads it for 'quiet': a probe verdict warns although README says silent")
+def test_probe_turned_away_under_inference_mode_is_silent(tmp_path):
+    """In a fresh process (a compile earlier in this one would keep the native path off)."""
+    cfg = write_config(tmp_path, common={"saved_data": "statistic", "statistic_category": ["max", "min"]})
+    script = tmp_path / "infer.py"
+    script.write_text(_INFERENCE_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k != "OPDUMP_NATIVE_EAGER"}
+    run = subprocess.run([sys.executable, str(script), cfg], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    scopes = _scopes_by_iteration(tmp_path / "dump")
+    assert sorted(scopes) == [0, 1, 2]                 # nothing lost: the Python capture served all
+    assert all("Default/Sequential" in v for v in scopes.values())
+    assert "native eager capture" not in run.stdout, run.stdout
