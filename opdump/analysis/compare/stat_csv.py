@@ -26,7 +26,7 @@ frame.  tests/test_compare_stat_csv.py compares both on generated columns.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -67,10 +67,6 @@ def frame_of_cells(cells: Cells, pd=None):
         import pandas as pd
     cols = {k: _column(kind, v, pd) for k, (kind, v) in cells.items()}
     return pd.DataFrame(cols, columns=list(cells)).infer_objects()   # object columns only
-
-
-def _str_field(v: Any) -> str:
-    return _quote(v) if type(v) is str else ""
 
 
 def _str_texts(v: List[Any]) -> Optional[Dict[Any, str]]:
