@@ -10,6 +10,9 @@ and figures as ``bench/run.py``'s tensor rows).
 vs no-copy, or the writer's gate of held windows off vs on): CPU of the training thread
 and of the writer threads per step, wall of the step and of step + flush.
 
+``--gate off|on|both``: graph rows with the writer's gate of held windows (opdump/write/writer.py)
+off (the default, as shipped), on, or both in a row (an A/B under the same load).
+
 ``--with-copy``: each graph row is measured twice in a row, first with every tensor copied
 out as before the no-copy path (``opdump.recorder.core._holdable`` patched to refuse every
 tensor, in this bench process only), then as shipped: an A/B under the same neighbours' load.
@@ -32,11 +35,11 @@ from bench import harness as H  # noqa: E402
 from bench import models as M  # noqa: E402
 from bench.measure import Bench  # noqa: E402
 from opdump.recorder import core  # noqa: E402
+from opdump.recorder.held import Holds  # noqa: E402
 
 
 def _sides(ab: str):
     """The two sides of a ``--thread-time`` A/B: (label, how to set it, how to undo it)."""
-    from opdump.recorder.held import Holds
     holdable, gate = core._holdable, Holds.gate
     if ab == "gate":
         def set_gate(on):
@@ -120,6 +123,8 @@ def main() -> None:
     p.add_argument("--with-copy", action="store_true")
     p.add_argument("--thread-time", action="store_true")
     p.add_argument("--ab", choices=("copy", "gate"), default="copy")
+    p.add_argument("--gate", choices=("off", "on", "both"), default="off",
+                   help="graph rows with the writer's gate of held windows off, on, or both in a row")
     p.add_argument("--steps", type=int, default=8)
     a = p.parse_args()
     if a.thread_time:
@@ -138,20 +143,23 @@ def main() -> None:
             H.warm(base.step, bench.warmup)
             est = bench.estimate(base.step)
             runs = []
+            gates = {"off": (False,), "on": (True,), "both": (False, True)}[a.gate]
             for mode in a.modes.split(","):
                 if a.with_copy and mode == "graph":
-                    runs.append((mode, True))
-                runs.append((mode, False))
-            for mode, copied in runs:
-                label = f"{mode} tensor" + (" copy-out" if copied else "")
-                holdable = core._holdable
+                    runs.append((mode, True, False))
+                for gate in (gates if mode == "graph" else (False,)):
+                    runs.append((mode, False, gate))
+            for mode, copied, gate in runs:
+                label = f"{mode} tensor" + (" copy-out" if copied else "") + (" gate" if gate else "")
+                holdable, gate_was = core._holdable, Holds.gate
                 if copied:
                     core._holdable = lambda t: False
+                Holds.gate = gate
                 try:
                     row = bench.dump_mode(label, build, dict(saved_data="tensor"), base.step,
                                           graph=mode == "graph", step_s=est, throughput=True)
                 finally:
-                    core._holdable = holdable
+                    core._holdable, Holds.gate = holdable, gate_was
                 row["model"] = name
                 row["load1"] = os.getloadavg()[0]
                 rows.append(row)
