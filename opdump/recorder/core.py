@@ -56,7 +56,7 @@ class Recorder:
         self._seen: Dict[int, Seen] = {}
         self.buffers = HostBuffers(lambda: writer.budget - writer.held)
         #: tensors written from their own memory inside a graph's hold window (no copy-out)
-        self.holds = Holds(self.buffers)
+        self.holds = Holds(self.buffers, writer)
         self._csv: Dict[str, StatisticCsv] = {}
         self._csv_lock = threading.Lock()
         self._kernel_args_done: set = set()

@@ -21,6 +21,12 @@ nothing else:
   reach that memory any more: it stays held until the writer writes it.  Otherwise it is
   copied now, on the training thread, after waiting for a write already reading it; from
   then on every file of it is written from the copy.
+* The writer's gate (:mod:`opdump.write.writer`; :attr:`Holds.gate`, off by default): the
+  first tensor held in a window closes it, so that no file is written between two
+  operators of the call; the window's end opens it and waits until the window's held
+  tensors are written (every writer thread at once, while the step waits), so that none
+  is left to keep or copy.  A writer that fails or
+  is closed meanwhile ends the wait; what is left unwritten then takes the rule above.
 * A net, not the guarantee: the writer compares the tensor's version counter before it
   reads and after it has written the temporary file, before the rename; if the counter
   moved, the file is dropped (one warning for the session), never a wrong file kept.
@@ -79,6 +85,7 @@ class HeldCopy:
                 return
             self.held = None
             copy, self.copy = self.copy, None
+            self._holds._cond.notify_all()        # a window's end may wait for this (Holds.close)
         if copy is not None:
             copy.release()
 
@@ -92,11 +99,12 @@ class Window:
     """The tensors held during one graph call; once closed it takes no more (a recording
     that still finds it gets the copy path)."""
 
-    __slots__ = ("entries", "closed")
+    __slots__ = ("entries", "closed", "gated")
 
     def __init__(self):
         self.entries: List[HeldCopy] = []
         self.closed = False
+        self.gated = False          # this window closed the writer's gate
 
 
 class Holds:
@@ -104,8 +112,15 @@ class Holds:
     (``held``: tensors held at record time; ``secured``: copied when their window closed;
     ``kept``: still held past their window, private; ``dropped``: files dropped by the net)."""
 
-    def __init__(self, buffers: HostBuffers):
+    #: close the writer's gate during a window (see the module docstring).  Off by default:
+    #: on the loaded 2-core machine it was measured at 0.97x-2.75x of the ungated step (AlexNet,
+    #: alternating steps, load 7-9, where a process with fewer runnable threads gets less of the
+    #: CPU); ``bench/nocopy.py --thread-time --ab gate`` measures it on a quiet machine.
+    gate = False
+
+    def __init__(self, buffers: HostBuffers, writer=None):
         self.buffers = buffers
+        self.writer = writer
         self._cond = threading.Condition()
         self.held = self.secured = self.kept = self.dropped = 0
         self._warned = False
@@ -123,6 +138,9 @@ class Holds:
             entry = HeldCopy(self, tensor)
             window.entries.append(entry)
         self.held += 1
+        if not window.gated and self.gate and self.writer is not None:
+            window.gated = True
+            self.writer.pause()
         return entry
 
     def close(self, window: Optional[Window]) -> None:
@@ -133,8 +151,20 @@ class Holds:
         with self._cond:
             window.closed = True
             entries, window.entries = window.entries, []
+        if window.gated:
+            self.writer.resume()
+            self._wait_written(entries)
         for entry in entries:
             self.secure(entry, keep_private=True)
+
+    def _wait_written(self, entries: List[HeldCopy]) -> None:
+        """Wait until the jobs of ``entries`` are done, or the writer stopped (failed, closed:
+        its queued jobs never run; checked every 50 ms)."""
+        writer = self.writer
+        with self._cond:
+            for entry in entries:
+                while entry._refs > 0 and not writer.failed and not writer.closed:
+                    self._cond.wait(0.05)
 
     def secure(self, entry: HeldCopy, keep_private: bool = False) -> None:
         with self._cond:

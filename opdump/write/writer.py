@@ -31,6 +31,21 @@ statistic dump went from 1.96x to 1.76x of the eager step); not for tensor files
 host statistics, whose work must overlap the step to keep up with it (at nice +19
 the MLP's tensor dump fell from 74 % to 63 % of numpy.save's bytes per second, the
 transformer's host statistics from 3.6x to 5.3x of the eager step).
+
+The gate (:meth:`pause` / :meth:`resume`): while it is closed, queued jobs wait and no
+thread starts one.  A graph call that holds tensors for the writer may close it for the
+call (:mod:`opdump.recorder.held`, where ``Holds.gate`` turns it on: off by default until
+measured on a quiet machine) and, at the call's end, open it and wait while every thread
+writes.  Why: on a machine whose cores the step keeps busy (CPU training, intra-op
+threads in lock-step parallel regions), a writer thread running between two operators
+takes one core of a parallel region, and the region's other threads spin at its end until
+the core comes back (profile of the AlexNet graph tensor dump on the 2-core bench
+machine: 79 % of the process's CPU samples during the step in libgomp's spin-wait; the
+writer's CPU per file within ~10 % of ``numpy.save``'s; the GIL held by any thread for
+under 10 % of the step).  Nothing can wait for ever on a closed gate: :meth:`reserve`
+opens it while it waits (and closes it again once half the budget is free, so that the
+step and the writer take turns instead of interleaving file by file); :meth:`flush`,
+:meth:`wait` and :meth:`close` open it for good.
 """
 from __future__ import annotations
 
@@ -38,6 +53,7 @@ import concurrent.futures as cf
 import os
 import sys
 import threading
+import time
 import warnings
 from typing import Any, Callable, List
 
@@ -61,8 +77,9 @@ def _done_future() -> cf.Future:
 class BackgroundWriter:
     def __init__(self, budget_bytes: int = 256 << 20, threads: int = 2, *, low_priority: bool = False):
         self.budget = max(1, int(budget_bytes))
+        self._idents: List[int] = []           # the threads' identifiers (CPU clocks: thread_cpu)
         self._pool = cf.ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="opdump-writer",
-                                           initializer=_lowest_priority if low_priority else None)
+                                           initializer=self._started, initargs=(low_priority,))
         self._held = 0
         self._cond = threading.Condition()
         self._pending: set = set()
@@ -70,6 +87,24 @@ class BackgroundWriter:
         self.bytes_written = 0
         self.files_written = 0
         self._closed = False
+        self._gate_closed = False
+        self._gate_epoch = 0                   # pause/resume calls: a wait in reserve re-closes only its own opening
+
+    def _started(self, low_priority: bool) -> None:
+        self._idents.append(threading.get_ident())
+        if low_priority:
+            _lowest_priority()
+
+    def thread_cpu(self) -> float:
+        """CPU seconds the writer threads have used so far (where threads have CPU clocks;
+        0.0 elsewhere): what the bench reports as the writer's CPU per step."""
+        total = 0.0
+        for ident in list(self._idents):
+            try:
+                total += time.clock_gettime(time.pthread_getcpuclockid(ident))
+            except (AttributeError, OSError):      # no such clock here, or the thread has ended
+                pass
+        return total
 
     @property
     def held(self) -> int:
@@ -81,11 +116,44 @@ class BackgroundWriter:
         return bool(self.errors)
 
     def reserve(self, nbytes: int) -> None:
-        """Wait until ``nbytes`` fit in the budget (or nothing else is held), then hold them."""
+        """Wait until ``nbytes`` fit in the budget (or nothing else is held), then hold them.
+        Behind a closed gate (:meth:`pause`) the gate opens while this waits, and the wait
+        goes on until ``nbytes`` fit in half the budget: the writer then works alone for a
+        while instead of one file at a time between two operators."""
         with self._cond:
-            while self._held > 0 and self._held + nbytes > self.budget:
-                self._cond.wait()
+            if self._held > 0 and self._held + nbytes > self.budget:
+                gated, self._gate_closed = self._gate_closed, False
+                epoch = self._gate_epoch = self._gate_epoch + 1
+                limit = self.budget // 2 if gated else self.budget
+                self._cond.notify_all()
+                while self._held > 0 and self._held + nbytes > limit:
+                    self._cond.wait()
+                if gated and epoch == self._gate_epoch and not self._closed:
+                    self._gate_closed = True        # nobody paused or resumed meanwhile: closed again
             self._held += nbytes
+
+    def pause(self) -> None:
+        """Close the gate: queued jobs wait until :meth:`resume` (or any wait on the writer)."""
+        with self._cond:
+            if not self._closed:
+                self._gate_closed = True
+                self._gate_epoch += 1
+
+    def resume(self) -> None:
+        """Open the gate: every thread takes the jobs queued meanwhile."""
+        with self._cond:
+            self._gate_epoch += 1
+            if self._gate_closed:
+                self._gate_closed = False
+                self._cond.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def paused(self) -> bool:
+        return self._gate_closed
 
     def release(self, nbytes: int) -> None:
         with self._cond:
@@ -124,6 +192,10 @@ class BackgroundWriter:
 
     def _run(self, fn: Callable[[], Any], nbytes: int) -> Any:
         try:
+            if self._gate_closed:
+                with self._cond:
+                    while self._gate_closed:
+                        self._cond.wait()
             if self.errors:
                 return None                      # dumping stopped: queued work is dropped
             return fn()
@@ -152,18 +224,20 @@ class BackgroundWriter:
         with self._cond:
             return list(self._pending)
 
-    @staticmethod
-    def wait(jobs: List[cf.Future]) -> None:
-        """Wait until every job of a :meth:`mark` has run."""
+    def wait(self, jobs: List[cf.Future]) -> None:
+        """Wait until every job of a :meth:`mark` has run (the gate opens: see the module)."""
         if jobs:
+            self.resume()
             cf.wait(jobs)
 
     def abandon(self) -> None:
         """In a forked child: the threads did not survive the fork; never queue or wait again."""
         self._closed = True
+        self._gate_closed = False
         self._pending = set()
 
     def close(self) -> List[BaseException]:
+        self.resume()
         if not self._closed:
             self.flush()
             self._closed = True
