@@ -133,6 +133,7 @@ def judge_columns(column_a, column_b, n: int, md5_a: List[Any], md5_b: List[Any]
     worst_k = np.full(n, -1, np.int8)
     nan_k = np.full(n, -1, np.int8)                   # the statistic whose NaN on one side decides
     values = []
+    scale = _magnitude(col_a, col_b, n)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         for ki, k in enumerate(_VALUES):
             a, ka = col_a[k]
@@ -152,6 +153,8 @@ def judge_columns(column_a, column_b, n: int, md5_a: List[Any], md5_b: List[Any]
             worst_k[inf_diff] = ki
             d = np.abs(a - b)
             rel = d / np.maximum(np.abs(a), np.abs(b))
+            if k == "avg":
+                rel = d / np.maximum(np.maximum(np.abs(a), np.abs(b)), scale)
             differ = fin & ~inf & (d != 0.0)
             worst_all = np.where(differ, np.maximum(worst_all, rel), worst_all)
             upd = differ & ~(d <= th.stat_atol) & (rel > worst)
@@ -159,6 +162,20 @@ def judge_columns(column_a, column_b, n: int, md5_a: List[Any], md5_b: List[Any]
             worst_k[upd] = ki
     return _results(n, md5, nf_diverged, nan_k, worst, worst_all, worst_k, na, nb, values, md5_a, md5_b,
                     has_any, same_dtype, dtype_a, th, tolerance)
+
+
+def _magnitude(col_a, col_b, n: int) -> np.ndarray:
+    """:func:`.verdict._magnitude` of every pair: the largest finite ``|max|``/``|min|`` of
+    its two rows, 0.0 when none."""
+    m = np.zeros(n)
+    with np.errstate(invalid="ignore"):
+        for col in (col_a, col_b):
+            for k in ("max", "min"):
+                v, known = col[k]
+                v = np.abs(v)
+                use = known & np.isfinite(v) & (v > m)
+                m = np.where(use, v, m)
+    return m
 
 
 def _results(n, md5, nf_diverged, nan_k, worst, worst_all, worst_k, na, nb, values, md5_a, md5_b, has_any,

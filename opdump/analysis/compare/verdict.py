@@ -16,7 +16,8 @@ Two questions are answered for every compared pair:
   - ``warning``: not diverged, but ``cosine < 0.999`` or ``max_abs_err > 1e-3``.
   - ``pass`` otherwise; ``identical`` noted in ``reason`` when bit-equal.
   - statistics-only pairs: equal MD5 -> pass; NaN/Inf on one side only -> diverged; else
-    the largest relative difference of max/min/avg/l2norm: > 1e-2 diverged, > 1e-3 warning.
+    the largest relative difference of max/min/avg/l2norm (avg's against the tensors' largest
+    magnitude, :func:`_magnitude`): > 1e-2 diverged, > 1e-3 warning.
   - ``nondeterministic``: a random operator's output that would be diverged.
   - ``skipped``: undefined values (outputs of ``empty*``, the overwritten input of
     ``fill_``/``zero_``/``copy_``…), never compared.
@@ -127,6 +128,24 @@ def _tolerance(dtype: Optional[str], th: Thresholds) -> float:
 _STATS_FOR_COMPARE = ("max", "min", "avg", "l2norm")
 
 
+def _magnitude(ra: Dict[str, Any], rb: Dict[str, Any]) -> float:
+    """The largest finite ``|max|``/``|min|`` of the two rows (0.0 when none): what ``avg``'s
+    difference is measured against.  Why not ``|avg|`` itself: the mean of a zero-mean tensor
+    (a centred weight, a normalised activation, a gradient) is ~0, so the rounding of a bf16
+    run against an fp32 one was a "100 %" difference; ``|avg| <= max(|max|, |min|)`` always,
+    and the rounding of a sum scales with its terms, not with its result."""
+    m = 0.0
+    for row in (ra, rb):
+        for k in ("max", "min"):
+            try:
+                v = abs(float(row.get(k)))
+            except (TypeError, ValueError):
+                continue
+            if v > m and not math.isinf(v):       # NaN never compares greater
+                m = v
+    return m
+
+
 def stats_verdict(ra: Dict[str, Any], rb: Dict[str, Any], th: Thresholds) -> Tuple[str, str, Dict[str, Any]]:
     """(verdict, reason, {"stat_max_rel_diff": …}) of two statistics rows."""
     ma, mb = ra.get("md5"), rb.get("md5")
@@ -145,6 +164,7 @@ def _stats_verdict(ra: Dict[str, Any], rb: Dict[str, Any], th: Thresholds, na: O
     if na is not None and nb is not None and na != nb:
         return "diverged", "NaN/Inf in " + ("A only" if na else "B only"), out
     worst, worst_k, worst_all = 0.0, None, 0.0
+    scale = _magnitude(ra, rb)
     for k in _STATS_FOR_COMPARE:
         try:
             a, b = float(ra.get(k)), float(rb.get(k))
@@ -161,7 +181,7 @@ def _stats_verdict(ra: Dict[str, Any], rb: Dict[str, Any], th: Thresholds, na: O
         d = abs(a - b)
         if d == 0.0:
             continue
-        rel = d / max(abs(a), abs(b))
+        rel = d / (max(abs(a), abs(b), scale) if k == "avg" else max(abs(a), abs(b)))
         worst_all = max(worst_all, rel)
         if d <= th.stat_atol:
             continue
