@@ -7,10 +7,12 @@ by about one side's reading.  Pickling the opened dump costs a tenth of reading 
 
 When: both arguments are paths, on Linux (fork), no other Python thread running, and
 ``OPDUMP_COMPARE_PARALLEL_OPEN`` ``1`` (always) or unset (when a CPU of this process is
-idle: at least two CPUs, a one-minute load average below their count less one, and torch
-not imported -- on a
-busy machine the child only competes for the same cores and the pickle is extra work:
-measured at load ~6 on two cores, 5.7 -> 6.4 s wall); ``0`` never.
+idle: at least two CPUs, torch not imported, and not both a one-minute load average and
+a count of other processes running now of at least the CPUs less one -- on a busy machine
+the child only competes for the same cores and the pickle is extra work: measured at load
+~6 on two cores, 5.7 -> 6.4 s wall; the count now keeps a user's own compares run one
+after another, which lift the one-minute average on an otherwise idle machine, from
+reading B serially); ``0`` never.
 
 Guarantee: the same :class:`~opdump.analysis.reader.Dump` as ``open_dump(b)`` in this
 process -- the child's object itself, records table included, through a pickle round trip
@@ -55,11 +57,24 @@ def enabled() -> bool:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 1
+    if cpus < 2:
+        return False
     try:
         load = os.getloadavg()[0]
     except OSError:
         return False
-    return cpus >= 2 and load < cpus - 1
+    return load < cpus - 1 or _others_running() < cpus - 1
+
+
+def _others_running() -> int:
+    """Processes runnable now besides this one (``/proc/loadavg``'s running count); a large
+    number when it cannot be read."""
+    try:
+        with open("/proc/loadavg", "rb") as f:
+            running = int(f.read().split()[3].split(b"/")[0])
+    except (OSError, ValueError, IndexError):
+        return 1 << 30
+    return max(0, running - 1)
 
 
 def _child(w: int, b: Any, open_dump: Callable[[Any], Any]) -> None:
