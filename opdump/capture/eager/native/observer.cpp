@@ -25,6 +25,9 @@
 // described by one call into Python (describe_start/describe_end); a tensor the native
 // statistics memo does not take goes to the Python recorder (slow_record).
 //
+// Overflow watch (op_debug_mode 3, set_watch): no rows; each captured operator goes to
+// watch.cpp (a hook at its start and its end), which reads its outputs' finiteness and hands
+// to Python only the operators the watch must judge.
 // Guarantees: a callback never throws; any failure (a C++ exception, a Python error in a
 // call back) turns the observer off and keeps the message, which Python reads at the next
 // boundary (take_error) and turns into one warning.
@@ -50,6 +53,7 @@
 #include <chrono>
 #include <cstring>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -552,10 +556,20 @@ std::vector<c10::optional<at::Tensor>> outputs_of(const at::RecordFunction& fn, 
 // what it writes unless Python's rule says it cannot be an origin
 void watch_start(const at::RecordFunction& fn, Ctx* c, c10::ArrayRef<c10::IValue> inputs) {
   opdump::watch::InFlight& w = c->watch;
-  if (opdump::watch::always_python(c->ov->op_type_s)) w.to_python = true;
-  const bool copy = !c->written.empty() && !w.to_python &&
-                    opdump::watch::needs_copy(c->ov, fn.name(), fn.overload_name(), inputs,
-                                              [&] { return python_args(fn, inputs); });
+  if (opdump::watch::always_python(c->ov->op_type_s)) {
+    w.to_python = true;
+  } else {
+    w.kind = opdump::watch::decide(c->ov, fn.name(), fn.overload_name(), inputs,
+                                   [&] { return python_args(fn, inputs); });
+    if (w.kind & opdump::watch::kPreserving) w.inputs_known = opdump::watch::inputs_finite(inputs);
+  }
+  bool copy = !c->written.empty() && (w.kind & opdump::watch::kCopy);
+  if (copy && (w.kind & opdump::watch::kBounded)) {    // proven finite before the write: no copy
+    std::vector<c10::optional<at::Tensor>> outs(c->written.begin(), c->written.end());
+    w.written_at_start = true;
+    copy = !opdump::watch::prove(w, fn.name(), fn.overload_name(), inputs, outs,
+                                 [&] { return python_args(fn, inputs); });
+  }
   opdump::watch::start(w, inputs, c->written, copy);
 }
 
@@ -565,7 +579,24 @@ void watch_end(const at::RecordFunction& fn, Ctx* c) {
   std::vector<c10::optional<at::Tensor>> outs = outputs_of(fn, c);
   opdump::watch::InFlight& w = c->watch;
   const bool describe = c->describe && !c->describe.is_none();
-  const bool fine = !w.to_python && opdump::watch::finite(outs);
+  bool fine = false;
+  constexpr double unknown = std::numeric_limits<double>::quiet_NaN();
+  if (w.to_python) {
+  } else if (w.proven) {
+    opdump::watch::known_outputs(outs, w.b, w.l);    // bounded by the magnitude rules: no reading
+    fine = true;
+  } else if ((w.kind & opdump::watch::kAlways) || ((w.kind & opdump::watch::kPreserving) && w.inputs_known)) {
+    opdump::watch::known_outputs(outs, unknown, unknown);      // finite by Python's rules: no reading
+    fine = true;
+  } else {
+    if ((w.kind & opdump::watch::kBounded) && !w.written_at_start) {
+      py::gil_scoped_acquire gil;
+      fine = opdump::watch::prove(w, fn.name(), fn.overload_name(), w.inputs, outs,
+                                  [&] { return python_args(fn, w.inputs); });
+      if (fine) opdump::watch::known_outputs(outs, w.b, w.l);
+    }
+    if (!fine) fine = opdump::watch::finite(outs);
+  }
   if (fine && !describe) {
     opdump::watch::recycle(w);
     return;
@@ -829,8 +860,8 @@ void set_probe(bool on, int64_t modes) {
 }
 
 // op_debug_mode 3 (watch.h): after configure(), before install(None, None, None)
-void set_watch(py::object copy_cb, py::object add_cb, const std::vector<std::string>& to_python) {
-  opdump::watch::configure(std::move(copy_cb), std::move(add_cb), to_python);
+void set_watch(py::object kind_cb, py::object bound_cb, py::object add_cb, const std::vector<std::string>& to_python) {
+  opdump::watch::configure(std::move(kind_cb), std::move(bound_cb), std::move(add_cb), to_python);
   g->watch = true;
   g->dump_in = g->dump_out = false;
 }
@@ -850,6 +881,7 @@ void uninstall() {
 
 // a new iteration: forget its per-iteration state
 void new_iteration() {
+  opdump::watch::new_iteration();
   g->seq.clear();
   g->owners.clear();
   g->index = 0;
@@ -900,6 +932,7 @@ void register_eager_observer(py::module& m) {
   sub.def("set_inert", &set_inert);
   sub.def("set_watch", &set_watch);
   sub.def("watch_counts", &watch_counts);
+  sub.def("watch_facts", &opdump::watch::facts);
   sub.def("new_iteration", &new_iteration);
   sub.def("pause", &observer_pause);
   sub.def("resume", &observer_resume);

@@ -9,6 +9,9 @@ timestamps, same rows in the same order; tests/test_native_eager*.py):
   ``"device"`` or ``"host"``, no ``md5``, precision ``"high"``), no tensor files, no online
   compare, ``file_format`` npy, no ACL folder filter;
 * ``dump_mode`` 0 (every operator), ``op_debug_mode`` 0, no watcher, no ``save_kernel_args``;
+* or instead the overflow watch (``op_debug_mode`` 3, any recorder settings: the Python watch
+  records): the observer reads outputs and hands the operators it cannot clear to the
+  watch (:mod:`.watch`, ``watch.cpp``; tests/test_native_watch.py);
 * ``torch.distributed`` not initialised (the Python capture records a collective's outputs
   when its work completes);
 * not the first dumped iteration (that one writes the listing with the Python capture);
@@ -218,7 +221,7 @@ class NativeEager(NativeCallbacks, NativeWatch):
                       self.capture_all)
         if self._overflow is not None:
             from ....debug.overflow_rules import UNINITIALIZED
-            obs.set_watch(self._native_watch_copy, self._native_watch_add, sorted(UNINITIALIZED))
+            obs.set_watch(self._native_watch_kind, self._native_watch_bound, self._native_watch_add, sorted(UNINITIALIZED))
         names = list(self.listing.ops)
         obs.add_listed(names)       # configure() forgot any earlier capture's (another session's) names
         self._native_pushed = len(names)

@@ -12,6 +12,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <cmath>
+#include <limits>
 #include <cstring>
 #include <unordered_map>
 #include <unordered_set>
@@ -28,10 +29,18 @@ namespace py = pybind11;
 constexpr int64_t kPoolBytes = int64_t(256) << 20;   // free copy buffers kept (overflow_copies.POOL_BYTES)
 constexpr size_t kPerShape = 4;
 
+struct Known {
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage;   // keeps the address from being reused
+  int64_t version;
+  c10::ScalarType dtype;         // as read (a view as another dtype reads other values)
+  double b, l;                   // facts (overflow_bounds): |x| <= b, x >= l; NaN: not known
+};
+
 struct Settings {
-  py::object copy_cb, add_cb;
+  py::object kind_cb, bound_cb, add_cb;
+  std::unordered_map<const c10::StorageImpl*, Known> known;   // storages read finite (see watch.h)
   std::unordered_set<std::string> to_python;
-  std::unordered_map<std::string, bool> decisions;     // (overload, numbers) -> needs a copy
+  std::unordered_map<std::string, int> decisions;      // (overload, numbers) -> kind bits
   std::unordered_map<std::string, std::vector<at::Tensor>> pool;   // (shape, dtype) -> free buffers
   int64_t pool_bytes = 0;
   int64_t read = 0, handed = 0, copied = 0;
@@ -51,9 +60,83 @@ std::string shape_key(const at::Tensor& t) {
 
 void put(std::string& key, const void* p, size_t n) { key.append(static_cast<const char*>(p), n); }
 
-// a number argument's bytes in the decision's key (what needs_prewrite_copy can depend on:
-// the operator, a non-finite or extreme number, the scale of mul/div)
-void key_of(std::string& key, const c10::IValue& v) {
+bool plain_storage(const at::Tensor& t) {
+  return t.defined() && t.has_storage() && !t.is_inference() && t.layout() == at::kStrided &&
+         !t.key_set().has(c10::DispatchKey::Python);
+}
+
+constexpr double kUnknown = std::numeric_limits<double>::quiet_NaN();
+
+const Known* known_of(const at::Tensor& t) {
+  if (!plain_storage(t)) return nullptr;
+  const c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
+  auto it = s->known.find(st);
+  if (it == s->known.end()) return nullptr;
+  if (it->second.storage.expired()) {
+    s->known.erase(it);
+    return nullptr;
+  }
+  return it->second.version == t._version() && it->second.dtype == t.scalar_type() ? &it->second : nullptr;
+}
+
+bool is_known(const at::Tensor& t) { return known_of(t) != nullptr; }
+
+// `t` holds only finite values (facts b, l; NaN: not known): its storage is known finite when
+// `t` covers all of it
+void mark(const at::Tensor& t, double b = kUnknown, double l = kUnknown) {
+  if (!plain_storage(t) || t.storage_offset() != 0 || !t.is_non_overlapping_and_dense()) return;
+  const c10::Storage& st = t.storage();
+  if (static_cast<size_t>(t.numel()) * t.element_size() != st.nbytes()) return;
+  if (s->known.size() > 100000) s->known.clear();     // bounded (cleared every iteration anyway)
+  s->known.insert_or_assign(st.unsafeGetStorageImpl(), Known{st.getWeakStorageImpl(), t._version(), t.scalar_type(), b, l});
+}
+
+// the floating tensors among `v` whose facts are not known (false: one that cannot be read here)
+bool missing_facts(const c10::IValue& v, std::vector<at::Tensor>& missing) {
+  auto one = [&missing](const at::Tensor& t) {
+    if (!t.defined() || !floating(t.scalar_type()) || t.numel() == 0 || t.unsafeGetTensorImpl()->is_wrapped_number())
+      return true;
+    const Known* k = known_of(t);
+    if (k != nullptr && !std::isnan(k->b)) return true;
+    if (!t.device().is_cpu()) return false;
+    missing.push_back(t);
+    return true;
+  };
+  if (v.isTensor()) return one(v.toTensor());
+  if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList())
+      if (!one(t)) return false;
+    return true;
+  }
+  if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef())
+      if (!missing_facts(e, missing)) return false;
+  }
+  return true;
+}
+
+bool input_known(const c10::IValue& v) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    if (!t.defined() || !floating(t.scalar_type()) || t.numel() == 0 || t.unsafeGetTensorImpl()->is_wrapped_number())
+      return true;
+    return is_known(t);
+  }
+  if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList())
+      if (t.defined() && floating(t.scalar_type()) && t.numel() && !is_known(t)) return false;
+    return true;
+  }
+  if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef())
+      if (!input_known(e)) return false;
+  }
+  return true;
+}
+
+// a number argument's bytes in the decision's key (what the rules can depend on: the operator,
+// a non-finite or extreme number, the scale of mul/div -- its second argument)
+void key_of(std::string& key, const c10::IValue& v, size_t position) {
   if (v.isDouble()) {
     const double d = v.toDouble();
     key += 'd';
@@ -66,8 +149,9 @@ void key_of(std::string& key, const c10::IValue& v) {
     key += v.toBool() ? 'T' : 'F';
   } else if (v.isTensor()) {
     const at::Tensor& t = v.toTensor();
-    if (t.defined() && t.dim() == 0 && t.device().is_cpu() && !t.is_complex() && !t.requires_grad()) {
-      // a number (wrapped or a 0-d CPU tensor, which scales_down reads): its value
+    if (t.defined() && t.dim() == 0 && t.device().is_cpu() && !t.is_complex() && !t.requires_grad() &&
+        (position == 1 || t.unsafeGetTensorImpl()->is_wrapped_number())) {
+      // a number (wrapped, or the 0-d CPU tensor scales_down reads): its value
       const double d = t.item().toDouble();
       key += t.unsafeGetTensorImpl()->is_wrapped_number() ? 'w' : 'z';
       put(key, &d, sizeof d);
@@ -108,12 +192,74 @@ at::Tensor copy_of(const at::Tensor& t) {
 
 }  // namespace
 
-void configure(py::object copy_cb, py::object add_cb, const std::vector<std::string>& to_python) {
+void configure(py::object kind_cb, py::object bound_cb, py::object add_cb, const std::vector<std::string>& to_python) {
   if (s == nullptr) s = new Settings();      // lives for the process, as the observer's state
-  s->copy_cb = std::move(copy_cb);
+  s->kind_cb = std::move(kind_cb);
+  s->bound_cb = std::move(bound_cb);
   s->add_cb = std::move(add_cb);
   s->to_python = std::unordered_set<std::string>(to_python.begin(), to_python.end());
   s->decisions.clear();
+  s->known.clear();
+}
+
+void new_iteration() {
+  if (s != nullptr) s->known.clear();
+}
+
+bool inputs_finite(c10::ArrayRef<c10::IValue> inputs) {
+  for (const c10::IValue& v : inputs)
+    if (!input_known(v)) return false;
+  return true;
+}
+
+void known_outputs(const std::vector<c10::optional<at::Tensor>>& outs, double b, double l) {
+  for (const auto& o : outs)
+    if (o && o->defined() && floating(o->scalar_type())) mark(*o, b, l);
+}
+
+py::object facts(const at::Tensor& t) {
+  const Known* k = s != nullptr ? known_of(t) : nullptr;
+  if (k == nullptr || std::isnan(k->b)) return py::none();
+  return py::make_tuple(k->b, k->l);
+}
+
+bool prove(InFlight& op, const char* qualname, const char* overload_name, c10::ArrayRef<c10::IValue> inputs,
+           const std::vector<c10::optional<at::Tensor>>& outs, const std::function<py::list()>& values) {
+  int64_t n = 0;
+  for (const auto& o : outs)
+    if (o && o->defined()) n += o->numel();
+  if (n < (op.written_at_start ? kProveWritten : kProveOutputs)) return false;
+  // arguments whose facts are not known yet are read now when they hold at most twice the
+  // elements (the copy and the reading a proof saves; overflow_now.CpuPath._prove_before's
+  // policy); one not finite: no rule applies
+  std::vector<at::Tensor> missing;
+  for (const c10::IValue& v : inputs)
+    if (!missing_facts(v, missing)) return false;
+  int64_t m = 0;
+  for (const at::Tensor& t : missing) m += t.numel();
+  if (m > 2 * n) return false;
+  for (const at::Tensor& t : missing) {
+    if (known_of(t) != nullptr && !std::isnan(known_of(t)->b)) continue;     // listed twice
+    double value = 0.0;
+    bool is_signed = false;
+    if (!finite_read(t, &value, &is_signed, false)) return false;
+    ++s->read;
+    if (!std::isfinite(value)) return false;
+    // known only when `t` covers its storage (mark); else its facts serve this proof alone
+    mark(t, value, is_signed ? -value : 0.0);
+    if (known_of(t) == nullptr) return false;
+  }
+  py::list items;
+  for (const auto& o : outs)
+    items.append(o ? py::reinterpret_steal<py::object>(THPVariable_Wrap(*o)) : py::none());
+  at::RecordFunctionGuard off(false);
+  py::object got = s->bound_cb(py::str(qualname), py::str(overload_name), values(), items);
+  if (got.is_none()) return false;
+  auto t = got.cast<py::tuple>();
+  op.proven = true;
+  op.b = t[0].cast<double>();
+  op.l = t[1].cast<double>();
+  return true;
 }
 
 void clear() {
@@ -125,17 +271,17 @@ void clear() {
 
 bool always_python(const std::string& op_type) { return s->to_python.count(op_type) > 0; }
 
-bool needs_copy(const void* overload, const char* qualname, const char* overload_name,
-                c10::ArrayRef<c10::IValue> inputs, const std::function<py::list()>& values) {
+int decide(const void* overload, const char* qualname, const char* overload_name,
+           c10::ArrayRef<c10::IValue> inputs, const std::function<py::list()>& values) {
   std::string key;
   put(key, &overload, sizeof overload);
-  for (const c10::IValue& v : inputs) key_of(key, v);
+  for (size_t i = 0; i < inputs.size(); ++i) key_of(key, inputs[i], i);
   auto it = s->decisions.find(key);
   if (it != s->decisions.end()) return it->second;
-  const bool copy = s->copy_cb(py::str(qualname), py::str(overload_name), values()).cast<bool>();
+  const int kind = s->kind_cb(py::str(qualname), py::str(overload_name), values()).cast<int>();
   if (s->decisions.size() > 4096) s->decisions.clear();    // numbers that change every step: bounded
-  s->decisions.emplace(std::move(key), copy);
-  return copy;
+  s->decisions.emplace(std::move(key), kind);
+  return kind;
 }
 
 void start(InFlight& op, c10::ArrayRef<c10::IValue> inputs, const std::vector<at::Tensor>& written, bool copy) {
@@ -156,12 +302,13 @@ bool finite(const std::vector<c10::optional<at::Tensor>>& outs) {
     const at::Tensor& t = *o;
     if (t.key_set().has(c10::DispatchKey::Python)) return false;     // a subclass: Python reads it
     if (!floating(t.scalar_type())) continue;   // the watch judges fp16/bf16/fp32/fp64 only
-    if (t.numel() == 0) continue;
+    if (t.numel() == 0 || is_known(t)) continue;
     double value = 0.0;
     bool is_signed = false;
     if (!finite_read(t, &value, &is_signed, false)) return false;   // not dense / not CPU: Python reads it
     ++s->read;
     if (!std::isfinite(value)) return false;
+    mark(t, value, is_signed ? -value : 0.0);
   }
   return true;
 }

@@ -49,17 +49,45 @@ class NativeWatch:
         return (self.config.op_debug_mode == 3 and watch is not None and watch.READ_CPU_NOW
                 and self._watcher is None and self._exception is None)
 
-    def _native_watch_copy(self, qualname: str, overload: str, values) -> bool:
-        """Before an in-place operator runs: must its written tensors be copied (the Python
-        capture's decision, dispatch.py ``_run_watched``)?"""
-        from ....debug.overflow_rules import needs_prewrite_copy
+    def _native_watch_kind(self, qualname: str, overload: str, values) -> int:
+        """What the watch's rules (:mod:`opdump.debug.overflow_rules`) say of an operator call, as
+        the bits of watch.h: ``1`` its written tensors need a pre-write copy (dispatch.py
+        ``_run_watched``'s decision), ``2`` its outputs are finite when its inputs are
+        (``FINITE_PRESERVING``, a scale by at most 1), ``4`` its outputs are always finite
+        (``ALWAYS_FINITE``), ``8`` a magnitude rule may bound its outputs (:mod:`~opdump.debug.overflow_bounds`;
+        :meth:`_native_watch_bound`).  Asked once per overload and number arguments."""
+        from ....debug.overflow_bounds import RULES
+        from ....debug.overflow_rules import ALWAYS_FINITE, FINITE_PRESERVING, needs_prewrite_copy, scales_down
         func = _func(qualname, overload)
         facts = facts_of(func)
-        if facts.writes_list:
-            return True
         args, kwargs = split_args(func, values)
         op_type, ovl = facts.types
-        return needs_prewrite_copy(op_type, ovl, has_nonfinite_arg(args, kwargs), args)
+        flagged = has_nonfinite_arg(args, kwargs)
+        kind = 0
+        if facts.writes and (facts.writes_list or needs_prewrite_copy(op_type, ovl, flagged, args)):
+            kind |= 1
+        if not flagged and (op_type in FINITE_PRESERVING and ovl != "dtype" or scales_down(op_type, ovl, args)):
+            kind |= 2
+        if not flagged and op_type in ALWAYS_FINITE:
+            kind |= 4
+        if not flagged and op_type in RULES:
+            kind |= 8
+        return kind
+
+    def _native_watch_bound(self, qualname: str, overload: str, values, outputs):
+        """The facts ``(B, L)`` :func:`~opdump.debug.overflow_bounds.output_bound` gives an
+        operator's ``outputs`` from its arguments' facts as the observer knows them (its
+        readings), when they prove the outputs finite (then they are not read, and an in-place
+        operator, asked before it runs, needs no pre-write copy); else None.  The same rules
+        the Python watch applies (``CpuPath._prove_before``/``_out_bound``)."""
+        from ....debug.overflow_bounds import output_bound, proven_finite
+        func = _func(qualname, overload)
+        args, kwargs = split_args(func, values)
+        if has_nonfinite_arg(args, kwargs):
+            return None
+        op_type, ovl = facts_of(func).types
+        got = output_bound(op_type, ovl, args, kwargs, self._native_obs.watch_facts)
+        return got if proven_finite(got, outputs) else None
 
     def _native_watch_add(self, index, name, qualname, overload, values, saved, outputs, cloned) -> None:
         """An operator the observer could not clear (a non-finite or unread output): the Python
