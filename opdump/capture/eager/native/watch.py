@@ -81,6 +81,8 @@ class NativeWatch:
         operator, asked before it runs, needs no pre-write copy); else None.  The same rules
         the Python watch applies (``CpuPath._prove_before``/``_out_bound``)."""
         from ....debug.overflow_bounds import output_bound, proven_finite
+        if not self._overflow.BOUNDS:       # the rules switched off (as the Python watch honours it)
+            return None
         func = _func(qualname, overload)
         args, kwargs = split_args(func, values)
         if has_nonfinite_arg(args, kwargs):
