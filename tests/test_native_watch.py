@@ -26,8 +26,7 @@ from conftest import write_config
 from dumpfiles import find, tensor_files
 
 ENV = "OPDUMP_NATIVE_EAGER"
-_observer_built = native.module() is not None and hasattr(getattr(native.module(), "eager_observer", None),
-                                                           "set_watch")
+_observer_built = native.module() is not None and hasattr(native.module(), "eager_observer")
 pytestmark = pytest.mark.skipif(not _observer_built, reason="opdump's native module is not built on this machine")
 
 
@@ -178,7 +177,7 @@ def run(root, make, native_on, monkeypatch, **common):
                 step(i)
                 session.step()
                 live.append(cap._native_live)
-            counts = cap.native_watch_counts
+            counts = getattr(cap, "native_watch_counts", None)
     failures = [str(w.message) for w in caught if "opdump" in str(w.message)]
     assert not failures, failures       # no native failure, no watch failure
     return root / "dump", live, counts

@@ -198,7 +198,8 @@ void configure(py::object kind_cb, py::object bound_cb, py::object add_cb, const
   s->bound_cb = std::move(bound_cb);
   s->add_cb = std::move(add_cb);
   s->to_python = std::unordered_set<std::string>(to_python.begin(), to_python.end());
-  s->decisions.clear();
+  // the decisions are kept: they depend on the overload (the observer's, never freed) and the
+  // numbers alone, and a capture started again (each step, in the bench) would ask them again
   s->known.clear();
 }
 
