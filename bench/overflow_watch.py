@@ -3,7 +3,9 @@ README "Debug dumps") against the undumped step, eager and graph, in one process
 
 Rows per model (the transformer and AlexNet of :mod:`bench.models`, a full training step):
 
-* *eager overflow watch* vs plain eager;
+* *eager overflow watch* vs plain eager (served by the native eager observer after the first
+  dumped iteration, README "Native statistics path"; ``OPDUMP_NATIVE_EAGER=0`` measures the
+  Python capture's watch);
 * *graph overflow watch* (opdump's backend: every step runs AOTAutograd's graphs op by op
   under the watch) vs plain compiled (inductor), the undumped compiled step;
 * the same graph watch vs ``aot_eager`` (the op-by-op path with no watch: what the watch

@@ -159,7 +159,10 @@ class Net(nn.Module):
 def _train(tmp_path, bounds: bool, monkeypatch, boost_at=None, boost=1.0, opt="adamw", steps=3,
            dtype=torch.float32):
     """``steps`` eager training steps under the watch; the dumped files and the summaries,
-    and the number of pre-write copies."""
+    and the number of pre-write copies.  The Python capture feeds the watch in every
+    iteration (``OPDUMP_NATIVE_EAGER=0``): these tests are about the Python watch's rules and
+    count its own copies (the native observer's watch: tests/test_native_watch.py)."""
+    monkeypatch.setenv("OPDUMP_NATIVE_EAGER", "0")
     monkeypatch.setattr(OverflowWatch, "BOUNDS", bounds)
     copies = []
     real_copy = CopyPool.copy

@@ -146,6 +146,11 @@ class OverflowWatch(CpuPath, DevicePath):
                 pass
         return -1
 
+    def note_eager(self) -> None:
+        """Eager operators ran this iteration that were not handed over (the native eager
+        observer cleared them: finite outputs): its folder gets a summary all the same."""
+        self._eager_ran = True
+
     def touch(self, where: str) -> None:
         """A dumped graph call writes into ``where`` this iteration: it gets a summary."""
         self._touched[where] = None

@@ -67,12 +67,17 @@ double value_of(U m, U inf, double magnitude) {
 
 }  // namespace
 
-pybind11::object finite_bound(const at::Tensor& x) {
+namespace opdump {
+
+// the reading itself (no Python): false for a tensor it does not handle; `nogil`: release the
+// GIL for a large tensor (the caller holds it).  The native eager observer's overflow watch
+// (opdump/capture/eager/native/watch.cpp) calls it without the GIL.
+bool finite_read(const at::Tensor& x, double* value, bool* signed_out, bool nogil) {
   if (!x.device().is_cpu() || x.layout() != at::kStrided || x.numel() == 0 || !x.is_non_overlapping_and_dense())
-    return pybind11::none();
+    return false;
   const auto dtype = x.scalar_type();
   if (dtype != at::kFloat && dtype != at::kDouble && dtype != at::kHalf && dtype != at::kBFloat16)
-    return pybind11::none();
+    return false;
   const int64_t n = x.numel();
   const void* data = x.data_ptr();
   double out = 0.0;
@@ -102,11 +107,22 @@ pybind11::object finite_bound(const at::Tensor& x) {
       is_signed = r > 0x7fff;
     }
   };
-  if (n >= kReleaseGil) {
-    pybind11::gil_scoped_release nogil;
+  if (nogil && n >= kReleaseGil) {
+    pybind11::gil_scoped_release release;
     run();
   } else {
     run();
   }
+  *value = out;
+  *signed_out = is_signed;
+  return true;
+}
+
+}  // namespace opdump
+
+pybind11::object finite_bound(const at::Tensor& x) {
+  double out = 0.0;
+  bool is_signed = false;
+  if (!opdump::finite_read(x, &out, &is_signed, true)) return pybind11::none();
   return pybind11::make_tuple(out, is_signed);
 }

@@ -5,7 +5,8 @@ per operator (README, "Eager mode", native statistics path).
 operators through ``RecordFunction`` callbacks; :mod:`.path` decides which iterations it
 serves and gives it what only Python knows (module scopes, the listing, the recorder's
 rows); :mod:`.inert` is the dispatch mode a served iteration runs under, :mod:`.callbacks`
-what the observer calls Python for.  It is on by default (``OPDUMP_NATIVE_EAGER=0`` turns it off).  The Python
+what the observer calls Python for, :mod:`.watch` (with ``watch.cpp``) the overflow watch
+(``op_debug_mode`` 3) served the same way.  It is on by default (``OPDUMP_NATIVE_EAGER=0`` turns it off).  The Python
 capture (:mod:`opdump.capture.eager.dispatch`) stays the reference: it serves the first
 dumped iteration (which writes the listing, with the observer probing beside it) and every
 case the native path is not proven equal on; tests/test_native_eager.py compares the two

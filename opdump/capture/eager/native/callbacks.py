@@ -62,6 +62,8 @@ class NativeCallbacks:
             return None
         self._native_new_state()
         recorder = self.session.recorder
+        if self._overflow is not None:      # the watch records through the Python recorder (.watch)
+            return True, recorder.clock._last
         folder = state.folder or self._folder(state)
         with recorder._lock:
             rows = recorder._rows_of(folder)

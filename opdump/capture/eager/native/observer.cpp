@@ -25,6 +25,9 @@
 // described by one call into Python (describe_start/describe_end); a tensor the native
 // statistics memo does not take goes to the Python recorder (slow_record).
 //
+// Overflow watch (op_debug_mode 3, set_watch): no rows; each captured operator goes to
+// watch.cpp (a hook at its start and its end), which reads its outputs' finiteness and hands
+// to Python only the operators the watch must judge.
 // Guarantees: a callback never throws; any failure (a C++ exception, a Python error in a
 // call back) turns the observer off and keeps the message, which Python reads at the next
 // boundary (take_error) and turns into one warning.
@@ -50,6 +53,7 @@
 #include <chrono>
 #include <cstring>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -59,6 +63,7 @@
 
 #include "../../../stats/contract.h"
 #include "../../../stats/stats_memo.h"
+#include "watch.h"
 
 namespace {
 
@@ -96,6 +101,7 @@ struct Ctx : at::ObserverContext {
   py::object name;
   py::object describe;           // the OpInfo Python is describing (new operators)
   std::vector<at::Tensor> written;
+  opdump::watch::InFlight watch; // op_debug_mode 3 (watch.h)
 
   ~Ctx() override {
     if (name || describe) {    // Python objects are released under the GIL
@@ -137,6 +143,7 @@ struct State {
   bool probe = false;            // names only, beside the Python capture (path.py: the probe iteration)
   int64_t modes = 0;             // the dispatch modes of ours on the stack (the probe's, or the inert one)
   bool inert = false;            // serving: the inert mode is on the stack (python_keys_off)
+  bool watch = false;            // op_debug_mode 3: no rows; outputs read for finiteness (watch.h)
   // Python call-backs
   py::object bind_cb, info_cb, owner_cb, slow_cb, describe_start_cb, describe_end_cb;
   // the iteration: rows, statistics batch
@@ -299,6 +306,17 @@ double wrapped_double(const at::Tensor& t) {
     }
   }
   return t.item().toDouble();
+}
+
+// the arguments as a dispatch mode receives them, in schema order (GIL held)
+py::list python_args(const at::RecordFunction& fn, c10::ArrayRef<c10::IValue> inputs) {
+  py::list args;
+  const auto schema = fn.operator_schema();
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (schema && i < schema->arguments().size()) args.append(to_python(schema->arguments()[i], inputs[i]));
+    else args.append(torch::jit::toPyObject(inputs[i]));
+  }
+  return args;
 }
 
 bool nonfinite_scalar(const c10::IValue& v) {
@@ -510,6 +528,98 @@ inline void python_keys_off() {
 }
 
 
+// an operator's outputs as the Python capture lists them (dispatch.py: the written arguments of
+// an operator returning nothing, else each returned slot)
+std::vector<c10::optional<at::Tensor>> outputs_of(const at::RecordFunction& fn, const Ctx* c) {
+  std::vector<c10::optional<at::Tensor>> outs;
+  if (c->ov->mutated) {
+    for (const at::Tensor& t : c->written) outs.emplace_back(t);
+    return outs;
+  }
+  const auto& outputs = fn.outputs();
+  bool plain = true;
+  for (const c10::IValue& v : outputs) plain = plain && (v.isTensor() || v.isNone());
+  if (outputs.size() == 1 && outputs[0].isTensorList()) {
+    for (const at::Tensor& t : outputs[0].toTensorList()) outs.emplace_back(t);
+  } else if (plain) {
+    for (const c10::IValue& v : outputs) {
+      if (v.isTensor() && v.toTensor().defined()) outs.emplace_back(v.toTensor());
+      else outs.emplace_back(c10::nullopt);
+    }
+  } else {
+    for (const c10::IValue& v : outputs) flat(v, outs);
+  }
+  return outs;
+}
+
+// op_debug_mode 3 (watch.h), at a captured operator's start (GIL held): keep its inputs, copy
+// what it writes unless Python's rule says it cannot be an origin
+void watch_start(const at::RecordFunction& fn, Ctx* c, c10::ArrayRef<c10::IValue> inputs) {
+  opdump::watch::InFlight& w = c->watch;
+  if (opdump::watch::always_python(c->ov->op_type_s)) {
+    w.to_python = true;
+  } else {
+    w.kind = opdump::watch::decide(c->ov, fn.name(), fn.overload_name(), inputs,
+                                   [&] { return python_args(fn, inputs); });
+    if (w.kind & opdump::watch::kPreserving) w.inputs_known = opdump::watch::inputs_finite(inputs);
+  }
+  bool copy = !c->written.empty() && (w.kind & opdump::watch::kCopy);
+  if (copy && (w.kind & opdump::watch::kBounded)) {    // proven finite before the write: no copy
+    std::vector<c10::optional<at::Tensor>> outs(c->written.begin(), c->written.end());
+    w.written_at_start = true;
+    copy = !opdump::watch::prove(w, fn.name(), fn.overload_name(), inputs, outs,
+                                 [&] { return python_args(fn, inputs); });
+  }
+  opdump::watch::start(w, inputs, c->written, copy);
+}
+
+// ... at its end (GIL not held): its floating outputs read; Python sees it only when one is not
+// finite (or unread), and a new operator's description
+void watch_end(const at::RecordFunction& fn, Ctx* c) {
+  std::vector<c10::optional<at::Tensor>> outs = outputs_of(fn, c);
+  opdump::watch::InFlight& w = c->watch;
+  const bool describe = c->describe && !c->describe.is_none();
+  bool fine = false;
+  constexpr double unknown = std::numeric_limits<double>::quiet_NaN();
+  if (w.to_python) {
+  } else if (w.proven) {
+    opdump::watch::known_outputs(outs, w.b, w.l);    // bounded by the magnitude rules: no reading
+    fine = true;
+  } else if ((w.kind & opdump::watch::kAlways) || ((w.kind & opdump::watch::kPreserving) && w.inputs_known)) {
+    opdump::watch::known_outputs(outs, unknown, unknown);      // finite by Python's rules: no reading
+    fine = true;
+  } else {
+    if ((w.kind & opdump::watch::kBounded) && !w.written_at_start) {
+      py::gil_scoped_acquire gil;
+      fine = opdump::watch::prove(w, fn.name(), fn.overload_name(), w.inputs, outs,
+                                  [&] { return python_args(fn, w.inputs); });
+      if (fine) opdump::watch::known_outputs(outs, w.b, w.l);
+    }
+    if (!fine) fine = opdump::watch::finite(outs);
+  }
+  if (fine && !describe) {
+    opdump::watch::recycle(w);
+    return;
+  }
+  py::gil_scoped_acquire gil;
+  if (describe) {
+    at::RecordFunctionGuard off(false);     // the description's torch calls are opdump's own
+    py::list items;
+    for (const auto& t : outs) items.append(t ? py::reinterpret_steal<py::object>(THPVariable_Wrap(*t)) : py::none());
+    g->describe_end_cb(c->describe, items);
+    c->describe = py::object();
+  }
+  if (fine) {
+    opdump::watch::recycle(w);
+    return;
+  }
+  std::vector<c10::optional<at::Tensor>> flat_in;
+  for (const c10::IValue& v : w.inputs) flat(v, flat_in);
+  py::list values = python_args(fn, w.inputs);
+  opdump::watch::hand_over(w, c->index, g->name_cache[static_cast<size_t>(c->index)].pyname, fn.name(),
+                           fn.overload_name(), values, flat_in, outs);
+}
+
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (g == nullptr) return nullptr;
   python_keys_off();
@@ -605,14 +715,9 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     }
     g->names.append(slot.pyname);
     g->all_names.push_back(slot.pyname);
-    ctx->name = slot.pyname;
+    if (!g->watch) ctx->name = slot.pyname;    // the watch takes it from name_cache when it needs it
     if (!listed && !g->probe) {
-      py::list args;
-      const auto schema = fn.operator_schema();
-      for (size_t i = 0; i < inputs.size(); ++i) {
-        if (schema && i < schema->arguments().size()) args.append(to_python(schema->arguments()[i], inputs[i]));
-        else args.append(torch::jit::toPyObject(inputs[i]));
-      }
+      py::list args = python_args(fn, inputs);
       py::object var = py::none();
       if (node) {
         if (auto* acc = dynamic_cast<torch::autograd::AccumulateGrad*>(node.get())) {
@@ -645,6 +750,10 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
         }
       }
     }
+    if (g->watch) {
+      watch_start(fn, ctx.get(), inputs);
+      return;
+    }
     if (g->dump_in) record(ctx.get(), 0, g_io_input, flat_in);
   });
   return ctx;
@@ -671,28 +780,14 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
         c->name = py::object();
         return;
       }
-      py::gil_scoped_acquire gil;
-      for (const at::Tensor& t : c->written) g->memo->forget(t);
-      std::vector<c10::optional<at::Tensor>> outs;
-      if (g->dump_out || (c->describe && !c->describe.is_none())) {
-        if (c->ov->mutated) {
-          for (const at::Tensor& t : c->written) outs.emplace_back(t);
-        } else {
-          const auto& outputs = fn.outputs();
-          bool plain = true;
-          for (const c10::IValue& v : outputs) plain = plain && (v.isTensor() || v.isNone());
-          if (outputs.size() == 1 && outputs[0].isTensorList()) {
-            for (const at::Tensor& t : outputs[0].toTensorList()) outs.emplace_back(t);
-          } else if (plain) {
-            for (const c10::IValue& v : outputs) {
-              if (v.isTensor() && v.toTensor().defined()) outs.emplace_back(v.toTensor());
-              else outs.emplace_back(c10::nullopt);
-            }
-          } else {
-            for (const c10::IValue& v : outputs) flat(v, outs);
-          }
-        }
+      if (g->watch) {
+        watch_end(fn, c);
+        return;
       }
+      py::gil_scoped_acquire gil;
+      if (g->memo != nullptr) for (const at::Tensor& t : c->written) g->memo->forget(t);
+      std::vector<c10::optional<at::Tensor>> outs;
+      if (g->dump_out || (c->describe && !c->describe.is_none())) outs = outputs_of(fn, c);
       if (g->dump_out) record(c, 1, g_io_output, outs);
       if ((c->describe && !c->describe.is_none())) {
         at::RecordFunctionGuard off(false);     // the description's torch calls are opdump's own
@@ -725,6 +820,7 @@ void configure(py::object info_cb, py::object bind_cb, py::object owner_cb, py::
   g->dump_in = dump_in;
   g->dump_out = dump_out;
   g->capture_all = capture_all;
+  g->watch = false;
   g->rows = py::none();
   g->failed = false;
   g->error.clear();
@@ -733,12 +829,19 @@ void configure(py::object info_cb, py::object bind_cb, py::object owner_cb, py::
   g->gradients = intern("Gradients/Default");
 }
 
-void install(py::object memo, py::list entries, py::list dtypes) {
+// memo None: the overflow watch's install (set_watch; no rows, no statistics)
+void install(py::object memo, py::object entries, py::object dtypes) {
   if (g == nullptr) throw std::runtime_error("configure() first");
-  g->entries = std::move(entries);
-  g->dtypes = std::move(dtypes);
   g->memo_obj = memo;
-  g->memo = memo.cast<opdump::StatsMemo*>();
+  if (memo.is_none()) {
+    g->memo = nullptr;
+    g->entries = py::list();
+    g->dtypes = py::list();
+  } else {
+    g->entries = entries.cast<py::list>();
+    g->dtypes = dtypes.cast<py::list>();
+    g->memo = memo.cast<opdump::StatsMemo*>();
+  }
   g->paused = 0;              // an earlier install's pause (uninstalled while paused) is over
   t_candidates.clear();       // nothing is in flight at a boundary
   if (!g->installed) {
@@ -756,6 +859,15 @@ void set_probe(bool on, int64_t modes) {
   g->inert = false;
 }
 
+// op_debug_mode 3 (watch.h): after configure(), before install(None, None, None)
+void set_watch(py::object kind_cb, py::object bound_cb, py::object add_cb, const std::vector<std::string>& to_python) {
+  opdump::watch::configure(std::move(kind_cb), std::move(bound_cb), std::move(add_cb), to_python);
+  g->watch = true;
+  g->dump_in = g->dump_out = false;
+}
+
+std::vector<int64_t> watch_counts() { return opdump::watch::take_counts(); }
+
 void set_inert(bool on) {
   g->inert = on;
 }
@@ -769,6 +881,7 @@ void uninstall() {
 
 // a new iteration: forget its per-iteration state
 void new_iteration() {
+  opdump::watch::new_iteration();
   g->seq.clear();
   g->owners.clear();
   g->index = 0;
@@ -817,6 +930,9 @@ void register_eager_observer(py::module& m) {
   sub.def("uninstall", &uninstall);
   sub.def("set_probe", &set_probe);
   sub.def("set_inert", &set_inert);
+  sub.def("set_watch", &set_watch);
+  sub.def("watch_counts", &watch_counts);
+  sub.def("watch_facts", &opdump::watch::facts);
   sub.def("new_iteration", &new_iteration);
   sub.def("pause", &observer_pause);
   sub.def("resume", &observer_resume);

@@ -9,6 +9,9 @@ timestamps, same rows in the same order; tests/test_native_eager*.py):
   ``"device"`` or ``"host"``, no ``md5``, precision ``"high"``), no tensor files, no online
   compare, ``file_format`` npy, no ACL folder filter;
 * ``dump_mode`` 0 (every operator), ``op_debug_mode`` 0, no watcher, no ``save_kernel_args``;
+* or instead the overflow watch (``op_debug_mode`` 3, any recorder settings: the Python watch
+  records): the observer reads outputs and hands the operators it cannot clear to the
+  watch (:mod:`.watch`, ``watch.cpp``; tests/test_native_watch.py);
 * ``torch.distributed`` not initialised (the Python capture records a collective's outputs
   when its work completes);
 * not the first dumped iteration (that one writes the listing with the Python capture);
@@ -52,6 +55,7 @@ import torch
 
 from .callbacks import NativeCallbacks
 from .inert import InertMode
+from .watch import NativeWatch
 
 ENV_SWITCH = "OPDUMP_NATIVE_EAGER"
 
@@ -90,7 +94,7 @@ def _cuda_in_use() -> bool:
     return bool(cuda is not None and cuda.is_initialized())
 
 
-class NativeEager(NativeCallbacks):
+class NativeEager(NativeCallbacks, NativeWatch):
     """The native path's side of :class:`~opdump.capture.eager.mode.EagerCapture`."""
 
     _native_live = False          # the observer is installed (it serves the dumped iteration in progress)
@@ -137,6 +141,11 @@ class NativeEager(NativeCallbacks):
     def _native_settings_ok(self) -> bool:
         if not native_enabled():
             return False
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            return False        # collectives' outputs are recorded when their work completes (.collectives)
+        if self._overflow is not None:      # op_debug_mode 3: the watch (.watch), whatever is recorded
+            return self._native_watch_ok()
         cfg, session = self.config, self.session
         recorder = session.recorder
         if not (session.device_statistics_only and recorder._launch is not None and recorder.online is None
@@ -145,9 +154,6 @@ class NativeEager(NativeCallbacks):
         if (cfg.op_debug_mode != 0 or cfg.save_kernel_args or session.selector.mode != 0
                 or self._overflow is not None or self._watcher is not None or self._exception is not None):
             return False
-        dist = torch.distributed
-        if dist.is_available() and dist.is_initialized():
-            return False        # collectives' outputs are recorded when their work completes (.collectives)
         sink = recorder._native_sink()
         batch = getattr(sink, "_batch", None)
         return batch is not None and getattr(batch, "_memo", None) is not None
@@ -213,6 +219,9 @@ class NativeEager(NativeCallbacks):
         obs.configure(self._native_info, self._native_bind, self._native_owner, self._native_slow,
                       self._native_describe_start, self._native_describe_end, self._dump_in, self._dump_out,
                       self.capture_all)
+        if self._overflow is not None:
+            from ....debug.overflow_rules import UNINITIALIZED
+            obs.set_watch(self._native_watch_kind, self._native_watch_bound, self._native_watch_add, sorted(UNINITIALIZED))
         names = list(self.listing.ops)
         obs.add_listed(names)       # configure() forgot any earlier capture's (another session's) names
         self._native_pushed = len(names)
@@ -222,8 +231,11 @@ class NativeEager(NativeCallbacks):
         self._native_probe_state = None
         self._native_probe_names = []
         obs.set_probe(probe, 1)     # one mode of ours on the stack: the Python capture's (probe) or the inert one
-        batch = self._native_batch()
-        obs.install(batch._memo, batch._entries, batch._dtypes)
+        if self._overflow is not None:
+            obs.install(None, None, None)
+        else:
+            batch = self._native_batch()
+            obs.install(batch._memo, batch._entries, batch._dtypes)
         self._native_live = True
         self.tracker.on_change = self._native_scope
         self._native_scope()
@@ -324,6 +336,10 @@ class NativeEager(NativeCallbacks):
         if state is not None and names:
             state.names += names
             state.n = len(state.names)
+            if self._overflow is not None:
+                self._overflow.note_eager()     # operators ran: the iteration gets its summary
+        if self._overflow is not None:
+            self._native_watch_counted()
         listing = self.listing
         for name in nonfinite:
             op = listing.ops.get(name)
