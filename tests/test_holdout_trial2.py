@@ -12,7 +12,7 @@ module, a model called twice per step). What broke, each with its regression tes
   holds the model's parameters (eager) or the graph's inputs (compiled): its ``step()`` ends the
   iteration (opdump/step_driver.py). An inference loop, with no optimizer of the model, still
   counts one iteration per call.
-* (open, strict xfail: opdump/capture/eager/native/ belongs to another helper) An eager
+* (fixed by the lead: the probe's verdict is quiet, ``_native_fail(..., turned_away=True)``) An eager
   statistics dump of a model run under ``torch.inference_mode()`` warns "the native eager
   capture stopped (its operators differ ...)" although README ("Native statistics path")
   says a program the probe turns away is silent unless ``OPDUMP_NATIVE_EAGER=1``:
@@ -159,8 +159,6 @@ for w in caught:
 """
 
 
-@pytest.mark.xfail(strict=True, reason="native/path.py _native_end_probe sets _native_probing = False before "
-                   "_native_fail reads it for 'quiet': a probe verdict warns although README says silent")
 def test_probe_turned_away_under_inference_mode_is_silent(tmp_path):
     """In a fresh process (a compile earlier in this one would keep the native path off)."""
     cfg = write_config(tmp_path, common={"saved_data": "statistic", "statistic_category": ["max", "min"]})

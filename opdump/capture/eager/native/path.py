@@ -211,7 +211,7 @@ class NativeEager(NativeCallbacks, NativeWatch):
             self._native_verdict = (f"its operators differ from the Python capture's at #{at} "
                                     f"({names[at] if at < len(names) else 'end'} vs "
                                     f"{python[at] if at < len(python) else 'end'})")
-            self._native_fail(self._native_verdict)
+            self._native_fail(self._native_verdict, turned_away=True)
 
     def _native_install(self, probe: bool = False) -> None:
         obs = _observer()
@@ -281,7 +281,9 @@ class NativeEager(NativeCallbacks, NativeWatch):
         self.tracker.on_change = None
         self._native_state = None
 
-    def _native_fail(self, why: str) -> None:
+    def _native_fail(self, why: str, turned_away: bool = False) -> None:
+        """Turn the native path off for the session (``why`` says why).  ``turned_away``: the
+        probe's verdict, given after the probed iteration (the probe is over by then)."""
         dropped = ""
         state = self._native_state
         if self._native_live and not self._native_probing and state is not None:
@@ -289,7 +291,7 @@ class NativeEager(NativeCallbacks, NativeWatch):
             dropped = f"; iteration {state.number} is not dumped"
         # a program the probe turns away loses nothing (the Python capture dumped the probed
         # iteration and serves the rest): said only when the native path was asked for by name
-        quiet = self._native_probing and not dropped and not native_requested()
+        quiet = (self._native_probing or turned_away) and not dropped and not native_requested()
         if not self._native_broken and not quiet:
             warnings.warn(f"opdump: the native eager capture stopped ({why}){dropped}; the Python capture serves the "
                           f"following iterations",
