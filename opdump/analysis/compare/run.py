@@ -27,6 +27,8 @@ from .gcpause import gc_paused, gc_running
 from .stat_fast import statistics_compare
 from .tensor_fast import tensor_compare
 from .result import CompareResult, rule_of
+from .stat_result import StatCompareResult, with_cells
+from .stat_rows import pathless, table_cells
 from .verdict import Thresholds, judge_metrics, judge_pair, judge_statistics
 
 __all__ = ["compare", "CompareError", "tensors_of_records"]
@@ -325,14 +327,23 @@ def _result(da, db, pairs: List[Pair], rank_pairs, it_pairs, thresholds, pd) -> 
                         "models or programs")
     # rows as lists (Pair.table_values, TABLE_COLUMNS order): the same frame as from one dict
     # per pair (pandas infers each column's dtype from the same objects), built faster
-    table = pd.DataFrame([p.table_values() for p in pairs], columns=TABLE_COLUMNS)
-    table["order"] = range(len(table))
-    for c in ("iteration", "iteration_b"):
-        table[c] = pd.array([None if v is None or v != v else int(v) for v in table[c]], dtype="Int64")
-    return CompareResult(str(da.path), str(db.path), table, None, [], [], list(unmatched_a), list(unmatched_b),
+    cells = table_cells(pairs) if pathless(pairs) else None      # statistics only: columns (.stat_rows)
+    table = None if cells is not None else _table(pairs, pd)
+    cls = CompareResult if cells is None else StatCompareResult
+    result = cls(str(da.path), str(db.path), table, None, [], [], list(unmatched_a), list(unmatched_b),
                          thresholds, it_pairs, (rank_pairs[0] if len(rank_pairs) == 1 else (None, None)),
                          matched_by=matched_by, operators=ops, unreadable=sorted(unreadable.items()),
                          warnings=warnings, front_end_a=[o for o in front_a if o not in unmatched_a],
                          front_end_b=[o for o in front_b if o not in unmatched_b],
                          kernel_only_a=[o for o in kernel_a if o not in unmatched_a],
                          kernel_only_b=[o for o in kernel_b if o not in unmatched_b])
+    return result if cells is None else with_cells(result, cells)
+
+
+def _table(pairs: List[Pair], pd):
+    """The table of ``pairs`` built row by row (pairs with files; :mod:`.stat_rows` otherwise)."""
+    table = pd.DataFrame([p.table_values() for p in pairs], columns=TABLE_COLUMNS)
+    table["order"] = range(len(table))
+    for c in ("iteration", "iteration_b"):
+        table[c] = pd.array([None if v is None or v != v else int(v) for v in table[c]], dtype="Int64")
+    return table
