@@ -2,7 +2,9 @@
 path, opdump/analysis/compare/stat_fast.py, steps aside; the per-row stages pair the tensors)
 builds its table as columns (opdump/analysis/compare/stat_rows.py): the same table (values,
 dtypes, row order), CSV bytes, summary, first difference and first divergence as the table
-built row by row (``run._table``, forced here by reporting the pairs as holding files).
+built row by row (``run._table``, forced here by reporting the pairs as holding files); and
+the statistics verdicts read as columns from the records tables (stat_gather.py) are those
+read from each tensor's row dict (forced here by turning the gather off).
 
 Cases: generated statistics dumps with extra cast operators on one side, an operator
 missing, NaN/Inf cells, calls that need the value tie-break, two ranks, io/iteration
@@ -22,6 +24,7 @@ import torch.nn as nn
 import opdump
 from opdump.analysis.compare import compare
 from opdump.analysis.compare import run as run_mod
+from opdump.analysis.compare import stat_gather
 from opdump.analysis.compare.stat_result import StatCompareResult
 from opdump.capture.eager import EagerCapture
 
@@ -58,6 +61,7 @@ def _both(a, b, monkeypatch, **kw):
     """(row-by-row table, column table) results of one compare."""
     new = compare(str(a), str(b), progress=False, **kw)
     monkeypatch.setattr(run_mod, "pathless", lambda pairs: False)     # the row-by-row table
+    monkeypatch.setattr(stat_gather, "gathered_columns", lambda pairs, keys: None)   # the row dicts
     old = compare(str(a), str(b), progress=False, **kw)
     monkeypatch.undo()
     return old, new
@@ -88,6 +92,8 @@ CASES = {
     "casts_iterations": (dict(seed=0), dict(seed=0, perturb=1e-3), True, dict(iterations=[(0, 1), 2])),
     "casts_no_parameters": (dict(seed=0, nonfinite=True), dict(seed=1), True, dict(include_parameters=False)),
     "same_dtypes_missing_op": (dict(seed=0), dict(seed=0, drop=(0, 5)), False, {}),
+    "same_dtypes_md5_nonfinite": (dict(seed=0, md5=True, nonfinite=True), dict(seed=2, md5=True, nonfinite=True,
+                                                                                 drop=(2, 7)), False, {}),
 }
 
 
@@ -103,11 +109,11 @@ def test_column_table_matches_row_table(case, tmp_path, monkeypatch):
     _same(old, new, tmp_path)
 
 
-def _stats_run(root: Path, name: str, bf16: bool) -> str:
+def _stats_run(root: Path, name: str, bf16: bool, categories=("max", "min", "avg", "l2norm", "count")) -> str:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 8))
     cfg = write_config(root, common={"saved_data": "statistic", "path": str(root / name),
-                                     "statistic_category": ["max", "min", "avg", "l2norm", "count"]},
+                                     "statistic_category": list(categories)},
                        name=f"{name}.json")
     x = torch.randn(8, 32, generator=torch.Generator().manual_seed(1))
     with opdump.Session(cfg) as s, EagerCapture(s), torch.no_grad():
@@ -116,8 +122,9 @@ def _stats_run(root: Path, name: str, bf16: bool) -> str:
     return str(root / name)
 
 
-def test_real_bf16_autocast_against_fp32(tmp_path, monkeypatch):
-    a, b = _stats_run(tmp_path, "bf16", True), _stats_run(tmp_path, "fp32", False)
+@pytest.mark.parametrize("categories", [("max", "min", "avg", "l2norm", "count"), ("count",)])
+def test_real_bf16_autocast_against_fp32(categories, tmp_path, monkeypatch):
+    a, b = _stats_run(tmp_path, "bf16", True, categories), _stats_run(tmp_path, "fp32", False, categories)
     old, new = _both(a, b, monkeypatch)
     assert (old.table["verdict"] == "unmatched").any()     # autocast's casts: one side only
     _same(old, new, tmp_path)

@@ -10,7 +10,9 @@ each tensor gets its record and its identity fields in one dict.
 Guarantee: the same objects as ``Tensor(row)`` followed by reading every cached field --
 ``row`` the record as :meth:`pandas.DataFrame.to_dict` ("records") gives it with
 ``iteration`` an int or None; ``rank, iteration, graph, op, op_file, op_type, kind, io, slot,
-call, order, call_key, tensor_key`` what the properties compute from it.  A column whose
+call, order, call_key, tensor_key`` what the properties compute from it; besides,
+``record`` (a :class:`RecordSource` of ``rec``, the row's position in it): ``row`` is that
+row of ``rec``.  A column whose
 ``int`` conversion fails leaves every field to the properties (which then raise as before).
 """
 from __future__ import annotations
@@ -74,9 +76,10 @@ def make_tensors(rec) -> List[Tensor]:
             t.__dict__.update(base, row=r)
             out.append(t)
         return out
+    src = RecordSource(rec)
     idx = {n: i for i, n in enumerate(_NAMES)}
     i_it, i_g, i_f, i_io, i_s, i_c = (idx[k] for k in ("iteration", "graph", "op_file", "io", "slot", "call"))
-    for r, v in zip(rows, zip(*per)):
+    for k, (r, v) in enumerate(zip(rows, zip(*per))):
         t = new(Tensor)
         d = t.__dict__
         d.update(base)
@@ -84,5 +87,17 @@ def make_tensors(rec) -> List[Tensor]:
         d.update(zip(_NAMES, v))
         d["call_key"] = (v[i_it], v[i_g], v[i_f], v[i_c])
         d["tensor_key"] = (v[i_io], v[i_s])
+        d["record"] = (src, k)
         out.append(t)
     return out
+
+
+class RecordSource:
+    """The records table a tensor's ``row`` came from (``Tensor.record``: (source, position)):
+    lets a stage read a column of many tensors' records at once (:mod:`.stat_gather`)
+    instead of one ``row`` dict at a time."""
+
+    __slots__ = ("frame",)
+
+    def __init__(self, frame):
+        self.frame = frame

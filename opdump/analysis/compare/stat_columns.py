@@ -96,12 +96,23 @@ def judge_statistics(pairs: List[Pair], th, tolerance, random_rule) -> None:
     random-operator rule (passed in: this module is below :mod:`.verdict`)."""
     if not pairs:
         return
-    ra = [p.a.row for p in pairs]
-    rb = [p.b.row for p in pairs]
-    has_any = [any(k in x and k in y for k in _VALUES) for x, y in zip(ra, rb)]
+    from .stat_gather import gathered_columns          # columns read from the records tables
+    got = gathered_columns(pairs, _VALUES)
+    if got is not None:
+        column_a, column_b, md5_a, md5_b, has_any = got
+    else:                                                 # the row dicts, pair by pair
+        ra = [p.a.row for p in pairs]
+        rb = [p.b.row for p in pairs]
+        has_any = [any(k in x and k in y for k in _VALUES) for x, y in zip(ra, rb)]
+        md5_a, md5_b = [x.get("md5") for x in ra], [y.get("md5") for y in rb]
+
+        def column_a(k):
+            return _column(ra, k)
+
+        def column_b(k):
+            return _column(rb, k)
     same = [p.same_dtype for p in pairs]
-    out = judge_columns(lambda k: _column(ra, k), lambda k: _column(rb, k), len(pairs),
-                        [x.get("md5") for x in ra], [y.get("md5") for y in rb], has_any, same,
+    out = judge_columns(column_a, column_b, len(pairs), md5_a, md5_b, has_any, same,
                         [p.a.dtype for p in pairs], th, tolerance)
     for p, v, why, extra, ident in zip(pairs, *out):
         p.mode = "statistics"
