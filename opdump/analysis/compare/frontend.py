@@ -34,6 +34,7 @@ only through this table, never through a guess.
 from __future__ import annotations
 
 import os
+from operator import itemgetter
 from typing import Dict
 
 __all__ = ["RULE_FRONT_END", "canonical_type", "canonical_signature", "is_front_end", "adds_nothing", "TWINS",
@@ -67,14 +68,20 @@ def canonical_type(op_type: str) -> str:
     return t
 
 
+_IO_SLOT = itemgetter(0, 1)
+
+
 def canonical_signature(call, ios: frozenset) -> tuple:
     """An :class:`~.pairs.OpCall`'s signature with its type made canonical and a twin's
     extra outputs left out."""
     base = call.base_type
     cut = EXTRA_OUTPUTS.get(base)
-    tensors = (t for t in call.tensors if t.io in ios and not (cut is not None and t.io == "output"
-                                                               and t.slot >= cut))
-    return (canonical_type(base),) + tuple(sorted((t.signature() for t in tensors), key=lambda s: (s[0], s[1])))
+    if cut is None:
+        sigs = [t.signature() for t in call.tensors if t.io in ios]
+    else:
+        sigs = [t.signature() for t in call.tensors if t.io in ios and not (t.io == "output" and t.slot >= cut)]
+    sigs.sort(key=_IO_SLOT)                         # by (io, slot), stable: sorted(..., key=lambda s: (s[0], s[1]))
+    return (canonical_type(base),) + tuple(sigs)
 
 
 def is_front_end(tensor, call_paired: bool) -> bool:

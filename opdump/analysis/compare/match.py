@@ -231,7 +231,8 @@ def _fingerprint(c: OpCall) -> Optional[tuple]:
             except OSError:
                 return None
         if t.has_stats:
-            parts.append(tuple(str(t.row.get(k)) for k in STAT_KEYS if k in t.row))
+            row = t.row
+            parts.append(tuple([str(row[k]) for k in STAT_KEYS if k in row]))
             continue
         return None
     return tuple(parts) if parts else None

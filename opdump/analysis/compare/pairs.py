@@ -148,7 +148,8 @@ class Tensor:
 
     def signature(self) -> Tuple[str, int, Optional[Tuple[int, ...]], str]:
         """What must agree for two tensors to be the same tensor of the same operator."""
-        return (self.io, self.slot, self.shape, dtype_class(self.dtype))
+        d = self.row.get("dtype")                   # self.dtype, read inline (called per tensor per matcher)
+        return (self.io, self.slot, self.shape, dtype_class(d if isinstance(d, str) and d else self.np_dtype))
 
     def shape_text(self) -> Optional[str]:
         if self.shape is None:
@@ -241,7 +242,9 @@ class Pair:
         a, b = self.a, self.b
         if a is None or b is None:          # one side's dtype "": never the same
             return False
-        da, db = a.dtype or "", b.dtype or ""
+        da, db = a.row.get("dtype"), b.row.get("dtype")        # a.dtype, b.dtype read inline
+        da = (da if isinstance(da, str) and da else a.np_dtype) or ""
+        db = (db if isinstance(db, str) and db else b.np_dtype) or ""
         return bool(da) and (da == db or da.lower() == db.lower())
 
     def sort_key(self) -> tuple:

@@ -15,7 +15,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from ..reader.npy import dtype_name, npy_layout, npy_layouts_sized
 from ..reader import Dump, open_dump
-from .first import calls_in_order, first_difference, first_divergence
+from .first import first_difference, first_divergence
 from .mapping import load_mapping
 from .open_pair import open_pair
 from .frontend import RULE_FRONT_END
@@ -86,16 +86,19 @@ def tensors_of_records(rec) -> List[Tensor]:
         return []
     rec = rec[rec["iteration"].notna() | (rec["kind"] == "constant")]
     out = make_tensors(rec)                   # Tensor(row) per record, built column-wise (.fields)
-    with_file = [t for t in out if t.path]
+    # Tensor.path and row["shape"] read from the columns the rows were made of (.fields)
+    paths = rec["path"].tolist() if "path" in rec.columns else [None] * len(out)
+    shapes = rec["shape"].tolist() if "shape" in rec.columns else [None] * len(out)
+    with_file = [t for t, p in zip(out, paths) if isinstance(p, str) and p]
     for t, lay in zip(with_file, _layouts([t.path for t in with_file])):
         if isinstance(lay, Exception):
             t.problem = str(lay) or type(lay).__name__
         else:
             t.layout = lay
             t.shape, t.np_dtype = lay[0], dtype_name(lay[1])
-    for t in out:
+    for t, s in zip(out, shapes):
         if t.shape is None:
-            t.shape = shape_from_text(t.row.get("shape"))
+            t.shape = shape_from_text(s)
     return out
 
 
@@ -313,11 +316,8 @@ def _result(da, db, pairs: List[Pair], rank_pairs, it_pairs, thresholds, pd) -> 
         if p.verdict == "unreadable" and p.metrics.get("unreadable"):
             path = p.metrics["unreadable"]
             unreadable.setdefault(path, str(p.metrics.get("error", "")).replace(f"cannot read {path}: ", ""))
-    calls_a = calls_in_order(pairs)
-    b_side = [Pair(p.b, p.a, p.rule) for p in pairs if p.b is not None]
-    calls_b = calls_in_order(sorted(b_side, key=Pair.sort_key))
-    ops = {"calls_a": len(calls_a), "matched_a": sum(1 for c in calls_a if any(p.matched for p in c)),
-           "calls_b": len(calls_b), "matched_b": sum(1 for c in calls_b if any(p.matched for p in c))}
+    (n_a, m_a), (n_b, m_b) = _call_counts(pairs, True), _call_counts(pairs, False)
+    ops = {"calls_a": n_a, "matched_a": m_a, "calls_b": n_b, "matched_b": m_b}
     warnings = []
     share = max(ops["matched_a"] / ops["calls_a"] if ops["calls_a"] else 1.0,
                 ops["matched_b"] / ops["calls_b"] if ops["calls_b"] else 1.0)
@@ -338,6 +338,23 @@ def _result(da, db, pairs: List[Pair], rank_pairs, it_pairs, thresholds, pd) -> 
                          kernel_only_a=[o for o in kernel_a if o not in unmatched_a],
                          kernel_only_b=[o for o in kernel_b if o not in unmatched_b])
     return result if cells is None else with_cells(result, cells)
+
+
+def _call_counts(pairs: List[Pair], a_side: bool) -> Tuple[int, int]:
+    """(operator calls, calls with a matched pair) of A's side (``a_side``) or B's: the
+    groups :func:`.first.calls_in_order` makes of that side's pairs, counted (their order
+    does not matter for a count: no sort of B's side)."""
+    seen: Dict[tuple, bool] = {}
+    for p in pairs:
+        t = p.a if a_side else p.b
+        if t is None or t.kind != "op":
+            continue
+        k = (t.rank,) + t.call_key
+        if p.a is not None and p.b is not None:
+            seen[k] = True
+        elif k not in seen:
+            seen[k] = False
+    return len(seen), sum(seen.values())
 
 
 def _table(pairs: List[Pair], pd):
