@@ -29,9 +29,11 @@ def pathless(pairs: List[Pair]) -> bool:
     """True when no tensor of any pair has a file (a statistics-only compare): the table's
     ``path_a``/``path_b`` are then None everywhere and no metric came from a worker."""
     for p in pairs:
-        a, b = p.a, p.b
-        if (a is not None and a.path) or (b is not None and b.path):
-            return False
+        for t in (p.a, p.b):
+            if t is not None:
+                v = t.row.get("path")                   # Tensor.path, read inline
+                if isinstance(v, str) and v:
+                    return False
     return True
 
 
@@ -70,8 +72,9 @@ def table_cells(pairs: List[Pair]) -> Cells:
         "shape_b": [None if t is None else t.shape_text() for t in tb],
         "source": [p.source for p in pairs],
     }
+    present = set().union(*metrics) if metrics else set()     # the metric keys any pair holds
     for k in METRIC_COLUMNS:
-        data[k] = [m.get(k) for m in metrics]
+        data[k] = [m.get(k) for m in metrics] if k in present else [None] * n
     cells: Cells = {}
     for k in TABLE_COLUMNS:
         if k == "order":
