@@ -61,7 +61,7 @@ def _both(a, b, monkeypatch, **kw):
     """(row-by-row table, column table) results of one compare."""
     new = compare(str(a), str(b), progress=False, **kw)
     monkeypatch.setattr(run_mod, "pathless", lambda pairs: False)     # the row-by-row table
-    monkeypatch.setattr(stat_gather, "gathered_columns", lambda pairs, keys: None)   # the row dicts
+    monkeypatch.setattr(stat_gather, "gathered_columns", lambda pairs, keys, conv: None)   # the row dicts
     old = compare(str(a), str(b), progress=False, **kw)
     monkeypatch.undo()
     return old, new

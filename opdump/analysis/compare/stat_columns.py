@@ -97,7 +97,7 @@ def judge_statistics(pairs: List[Pair], th, tolerance, random_rule) -> None:
     if not pairs:
         return
     from .stat_gather import gathered_columns          # columns read from the records tables
-    got = gathered_columns(pairs, _VALUES)
+    got = gathered_columns(pairs, _VALUES, column_of_values)
     if got is not None:
         column_a, column_b, md5_a, md5_b, has_any = got
     else:                                                 # the row dicts, pair by pair

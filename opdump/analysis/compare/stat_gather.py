@@ -22,7 +22,7 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["gathered_columns"]
+__all__ = ["gathered_columns", "take_cells"]
 
 
 def _one_source(tensors) -> Optional[Tuple[Any, np.ndarray]]:
@@ -44,22 +44,47 @@ def _one_source(tensors) -> Optional[Tuple[Any, np.ndarray]]:
     return src.frame, np.asarray(rows, dtype=np.int64)
 
 
-def gathered_columns(pairs, values: Tuple[str, ...]) -> Optional[Tuple[Callable, Callable, list, list, list]]:
+def take_cells(frame, col: str, rows: np.ndarray) -> List[Any]:
+    """``frame[col]`` at ``rows`` as Python objects (None for a column the frame lacks), the
+    cells ``tolist`` put in the row dicts (as :func:`.stat_pairs._take`)."""
+    if col not in frame.columns:
+        return [None] * len(rows)
+    ser = frame[col]
+    if isinstance(ser.dtype, np.dtype):
+        return ser.to_numpy()[rows].tolist()          # int/float/bool/object: the same Python objects
+    return ser.to_numpy(dtype=object)[rows].tolist()
+
+
+def _column(frame, key: str, rows: np.ndarray, column_of_values: Callable) -> Tuple[np.ndarray, np.ndarray]:
+    """(values, known) of ``key`` at ``rows`` (module doc)."""
+    n = len(rows)
+    if key not in frame.columns:                      # row.get(key): None everywhere
+        return np.full(n, np.nan), np.zeros(n, dtype=bool)
+    dt = frame[key].dtype
+    if isinstance(dt, np.dtype) and dt.kind in "if":  # every cell a number: known
+        return frame[key].to_numpy()[rows].astype(np.float64), np.ones(n, dtype=bool)
+    return column_of_values(take_cells(frame, key, rows))
+
+
+def gathered_columns(pairs, values: Tuple[str, ...],
+                     column_of_values: Callable) -> Optional[Tuple[Callable, Callable, list, list, list]]:
     """(column_a(key), column_b(key), md5 of A, md5 of B, has_any per pair) of ``pairs`` read
     from their records tables (module doc), or None when the tensors do not all come from
-    one table a side.  ``values``: the keys of which both rows must hold one for ``has_any``."""
+    one table a side.  ``values``: the keys of which both rows must hold one for ``has_any``;
+    ``column_of_values``: :func:`.stat_columns.column_of_values` (passed in: that module
+    imports this one)."""
     a = _one_source(p.a for p in pairs)
     if a is None:
         return None
     b = _one_source(p.b for p in pairs)
     if b is None:
         return None
-    from .stat_pairs import _stat_column, _stat_part, _take
     (fa, ra), (fb, rb) = a, b
 
     def column(frame, rows):
         def f(key):
-            return _stat_column([_stat_part(frame, key, rows)], None)
+            return _column(frame, key, rows, column_of_values)
         return f
     any_k = any(k in fa.columns and k in fb.columns for k in values)
-    return (column(fa, ra), column(fb, rb), _take(fa, "md5", ra), _take(fb, "md5", rb), [any_k] * len(pairs))
+    return (column(fa, ra), column(fb, rb), take_cells(fa, "md5", ra), take_cells(fb, "md5", rb),
+            [any_k] * len(pairs))
