@@ -83,6 +83,21 @@ def _side(dump, rank, io, include_parameters):
     return rec.reset_index(drop=True)
 
 
+def usable_sides(da, db, rank_pairs, io, include_parameters, check_samples, usable):
+    """``[(A's records, B's records)]`` of each rank pair (:func:`_side`), or None when a rank
+    is missing or ``usable(records)`` refuses a side: a column-wise path then does not apply."""
+    sides = []
+    for ra, rb in rank_pairs:
+        check_samples(da, ra, db, rb)
+        if ra not in da.ranks or rb not in db.ranks:
+            return None
+        sa, sb = _side(da, ra, io, include_parameters), _side(db, rb, io, include_parameters)
+        if not usable(sa) or not usable(sb):
+            return None
+        sides.append((sa, sb))
+    return sides
+
+
 def statistics_compare(da, db, rank_pairs, iterations, io, include_parameters, thresholds, check_samples,
                        iteration_pairs, sources) -> Optional[Any]:
     """The :class:`.result.CompareResult` of a statistics-only compare built column-wise, or
@@ -90,15 +105,9 @@ def statistics_compare(da, db, rank_pairs, iterations, io, include_parameters, t
     ``iteration_pairs`` and ``sources`` are ``compare``'s own helpers."""
     if not enabled():
         return None
-    sides = []
-    for ra, rb in rank_pairs:
-        check_samples(da, ra, db, rb)
-        if ra not in da.ranks or rb not in db.ranks:
-            return None
-        sa, sb = _side(da, ra, io, include_parameters), _side(db, rb, io, include_parameters)
-        if not _usable(sa) or not _usable(sb):
-            return None
-        sides.append((sa, sb))
+    sides = usable_sides(da, db, rank_pairs, io, include_parameters, check_samples, _usable)
+    if sides is None:
+        return None
     all_it: List[Tuple[int, int]] = []
     parts = []
     for sa, sb in sides:

@@ -264,6 +264,19 @@ def _table_cells(sp: StatPairs) -> Cells:
 def finish_result(da, db, sp: StatPairs, rank_pairs, it_pairs, thresholds, sources) -> CompareResult:
     """The :class:`CompareResult` of ``sp`` (``compare``'s last stages, column-wise); its
     table is held as cells (:mod:`.stat_result`)."""
+    matched_by, ops, settle = column_summary(da, db, sp, sources, thresholds)
+    result = StatCompareResult(str(da.path), str(db.path), None, None, [], [], [], [], thresholds, it_pairs,
+                               (rank_pairs[0] if len(rank_pairs) == 1 else (None, None)), matched_by=matched_by,
+                               operators=ops, unreadable=[], warnings=[], front_end_a=[], front_end_b=[],
+                               kernel_only_a=[], kernel_only_b=[])
+    return with_cells(settle(result), _table_cells(sp))
+
+
+def column_summary(da, db, sp, sources, thresholds):
+    """What ``compare``'s last stages say of column-wise pairs (``sp.cols``: statistics or
+    tensor-file pairs alike), after filling in their sources: ``(matched_by, operators,
+    settle)``, where ``settle(result)`` sets the first difference, the first divergence, the
+    rule and its note on a result and returns it."""
     _sources(sp, da, db, sources)
     c = sp.cols
     n = len(c["rank"])
@@ -281,14 +294,13 @@ def finish_result(da, db, sp: StatPairs, rank_pairs, it_pairs, thresholds, sourc
     calls_b = len(set(compress(zip(c["rank_b"], c["iteration_b"], c["graph_b"], c["op_file_b"], c["call_b"]),
                                map("op".__eq__, c["kind_b"]))))
     ops = {"calls_a": calls_a, "matched_a": calls_a, "calls_b": calls_b, "matched_b": calls_b}
-    result = StatCompareResult(str(da.path), str(db.path), None, None, [], [], [], [], thresholds, it_pairs,
-                           (rank_pairs[0] if len(rank_pairs) == 1 else (None, None)), matched_by=matched_by,
-                           operators=ops, unreadable=[], warnings=[], front_end_a=[], front_end_b=[],
-                           kernel_only_a=[], kernel_only_b=[])
-    result.first_divergence, result.diverged_parameters = fdiv, params
-    result.nondeterministic_before = nondet_d if same and fdiff is not None else nondet
-    result.first_difference, result.rule, result.rule_note = fdiff, rule, note
-    return with_cells(result, _table_cells(sp))
+
+    def settle(result):
+        result.first_divergence, result.diverged_parameters = fdiv, params
+        result.nondeterministic_before = nondet_d if same and fdiff is not None else nondet
+        result.first_difference, result.rule, result.rule_note = fdiff, rule, note
+        return result
+    return matched_by, ops, settle
 
 
 def _mask(bools, n: int) -> np.ndarray:

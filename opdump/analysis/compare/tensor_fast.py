@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from .pairs import _shape_text
-from .stat_fast import _dclass, _its, _pair_rank, _positions, _side, _tie_groups, enabled
+from .stat_fast import _dclass, _its, _pair_rank, _positions, _tie_groups, enabled, usable_sides
 
 __all__ = ["tensor_compare"]
 
@@ -124,15 +124,9 @@ def tensor_compare(da, db, rank_pairs, iterations, io, include_parameters, thres
     the metrics of compare's tasks by index (:func:`.pool.run_pairs`)."""
     if not enabled():
         return None
-    raw = []
-    for ra, rb in rank_pairs:
-        check_samples(da, ra, db, rb)
-        if ra not in da.ranks or rb not in db.ranks:
-            return None
-        sa, sb = _side(da, ra, io, include_parameters), _side(db, rb, io, include_parameters)
-        if not _usable(sa) or not _usable(sb):
-            return None
-        raw.append((sa, sb))
+    raw = usable_sides(da, db, rank_pairs, io, include_parameters, check_samples, _usable)
+    if raw is None:
+        return None
     sides, originals, lays, parts = [], [], [], []
     all_it: List[Tuple[int, int]] = []
     for sa, sb in raw:

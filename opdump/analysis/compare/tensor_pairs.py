@@ -14,8 +14,6 @@ functions can look at (:mod:`.stat_pairs`' selection).  The metrics are the work
 from __future__ import annotations
 
 import operator
-from collections import Counter
-from itertools import compress, repeat
 from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
@@ -24,10 +22,10 @@ from ..reader.bincache import source as on_disk
 from ..reader.npy import dtype_name
 from .fields import make_tensors
 from .pairs import METRIC_COLUMNS, TABLE_COLUMNS, Pair
-from .result import CompareResult, rule_of
+from .result import CompareResult
 from .stat_cells import per_distinct
-from .stat_pairs import (_NOT_COMPARED, _SKIPPED, _first_difference, _first_divergence, _iterations, _mask,
-                         _same_dtype, _sources, _take, garbage, random_rule)
+from .stat_pairs import (_SKIPPED, _iterations, _mask, _same_dtype, _take, column_summary, garbage,
+                         random_rule)
 from .verdict import _tolerance, verdict_for_metrics
 
 __all__ = ["TensorPairs", "finish_tensor_result"]
@@ -176,22 +174,9 @@ def _table(tp: TensorPairs, pd):
 def finish_tensor_result(da, db, tp: TensorPairs, rank_pairs, it_pairs, thresholds, sources) -> CompareResult:
     """The :class:`CompareResult` of ``tp`` (``compare``'s last stages, column-wise)."""
     import pandas as pd
-    _sources(tp, da, db, sources)
+    matched_by, ops, settle = column_summary(da, db, tp, sources, thresholds)
     c = tp.cols
     n = len(c["rank"])
-    compared = _mask(map(operator.is_not, c["identical"], repeat(None)), n) | (
-        _mask(map(bool, c["mode"]), n) & ~_mask(map(_NOT_COMPARED.__contains__, c["verdict"]), n))
-    same_at = _mask(map(bool, c["same"]), n)[compared]
-    same = bool(len(same_at)) and bool(same_at.all())
-    fdiff, nondet_d = _first_difference(tp, sources) if same else (None, [])
-    fdiv, nondet, params = _first_divergence(tp, sources)
-    rule, note = rule_of(same, int((~same_at).sum()), len(same_at), thresholds)
-    matched_by: Dict[str, int] = dict(Counter(c["match"]))
-    calls_a = len(set(compress(zip(c["rank"], c["iteration"], c["graph"], c["op_file"], c["call"]),
-                               map("op".__eq__, c["kind"]))))
-    calls_b = len(set(compress(zip(c["rank_b"], c["iteration_b"], c["graph_b"], c["op_file_b"], c["call_b"]),
-                               map("op".__eq__, c["kind_b"]))))
-    ops = {"calls_a": calls_a, "matched_a": calls_a, "calls_b": calls_b, "matched_b": calls_b}
     unreadable: Dict[str, str] = {}
     for k in np.flatnonzero(_mask(map("unreadable".__eq__, c["verdict"]), n)).tolist():
         mk = c["metrics"][k]
@@ -202,8 +187,5 @@ def finish_tensor_result(da, db, tp: TensorPairs, rank_pairs, it_pairs, threshol
                            (rank_pairs[0] if len(rank_pairs) == 1 else (None, None)), matched_by=matched_by,
                            operators=ops, unreadable=sorted(unreadable.items()), warnings=[], front_end_a=[],
                            front_end_b=[], kernel_only_a=[], kernel_only_b=[])
-    result.first_divergence, result.diverged_parameters = fdiv, params
-    result.nondeterministic_before = nondet_d if same and fdiff is not None else nondet
-    result.first_difference, result.rule, result.rule_note = fdiff, rule, note
-    return result
+    return settle(result)
 
