@@ -61,12 +61,14 @@ from . import contract
 _HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = tuple(os.path.join(_HERE, n) for n in
                 ("native_module.cpp", "cpu_kernel.cpp", "cell_text.cpp", "stats_memo.cpp", "row_sink.cpp",
-                 "finite_bound.cpp")) + (
+                 "finite_bound.cpp")) + tuple(
     # the native eager capture's observer (opdump/capture/eager/native), exported as `eager_observer`
-    os.path.join(os.path.dirname(_HERE), "capture", "eager", "native", "observer.cpp"),
-    os.path.join(os.path.dirname(_HERE), "capture", "eager", "native", "watch.cpp"),)
-HEADERS = tuple(os.path.join(_HERE, n) for n in ("contract.h", "stats_memo.h")) + (
-    os.path.join(os.path.dirname(_HERE), "capture", "eager", "native", "watch.h"),)
+    os.path.join(os.path.dirname(_HERE), "capture", "eager", "native", n) for n in
+    ("observer.cpp", "observer_names.cpp", "observer_args.cpp", "observer_rows.cpp", "observer_api.cpp",
+     "watch.cpp"))
+HEADERS = tuple(os.path.join(_HERE, n) for n in ("contract.h", "stats_memo.h")) + tuple(
+    os.path.join(os.path.dirname(_HERE), "capture", "eager", "native", n) for n in
+    ("observer_state.h", "watch.h"))
 # -ffp-contract=off: no fused multiply-add, so host_stats' sums are numpy's bit for bit
 _CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"]
 _LDFLAGS = ["-fopenmp"]
