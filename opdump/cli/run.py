@@ -19,9 +19,6 @@ import runpy
 import sys
 from typing import Iterator, List
 
-from ..config import ConfigError
-
-
 _DESCRIPTION = "Run SCRIPT with dumping configured by --config or $OPDUMP_CONFIG."
 
 
@@ -86,6 +83,7 @@ def _divergence_stop(exc: BaseException):
 
 def main_run(argv: List[str]) -> int:
     args = _parse(argv)
+    from ..config import ConfigError      # here: the other commands (compare…) never load the config package
     from ..session import Session
     try:
         session = Session(args.config)
