@@ -52,7 +52,23 @@ def _row(label: str, against: str, r: dict) -> dict:
         "steps", "tensors_per_step")}}
 
 
-def measure_model(bench: Bench, name: str) -> dict:
+def measure_eager(bench: Bench, name: str) -> dict:
+    """The eager row of ``name``.  Run before anything is compiled in the process: the native
+    eager path serves a process in which ``torch._dynamo`` has analysed no frame (README,
+    native statistics path), as in a user's eager program; a compile first would measure the
+    Python capture's watch instead."""
+    build = lambda: M.BUILDERS[name](quick=bench.quick)  # noqa: E731
+    base = build()
+    H.warm(base.step, bench.warmup)
+    est = bench.estimate(base.step)
+    log(f"[{name}] eager overflow watch vs plain eager")
+    row = _row("eager overflow watch", "plain eager",
+               bench.dump_mode("eager overflow watch", build, WATCH, base.step, graph=False, step_s=est))
+    return {"name": name, "describe": base.describe, "rows": [row]}
+
+
+def measure_graph(bench: Bench, name: str, eager: dict) -> dict:
+    """``eager`` (:func:`measure_eager`'s result) with the graph rows of ``name`` added."""
     build = lambda: M.BUILDERS[name](quick=bench.quick)  # noqa: E731
     torch._dynamo.reset()
     base = build()
@@ -65,10 +81,7 @@ def measure_model(bench: Bench, name: str) -> dict:
     floor = build()
     floor.run_model = torch.compile(floor.model, backend="aot_eager")
     H.warm(floor.step, bench.warmup)
-    rows = []
-    log(f"[{name}] eager overflow watch vs plain eager")
-    rows.append(_row("eager overflow watch", "plain eager",
-                     bench.dump_mode("eager overflow watch", build, WATCH, base.step, graph=False, step_s=est)))
+    rows = list(eager["rows"])
     for label, against, step in (("plain compiled", "plain compiled (inductor)", comp.step),
                                  ("aot_eager", "aot_eager (op by op, no watch)", floor.step),
                                  ("plain eager", "plain eager", base.step)):
@@ -77,7 +90,7 @@ def measure_model(bench: Bench, name: str) -> dict:
                          bench.dump_mode("graph overflow watch", build, WATCH, step, graph=True, step_s=est)))
     del comp, floor, base
     torch._dynamo.reset()
-    return {"name": name, "describe": build().describe, "rows": rows}
+    return {**eager, "rows": rows}
 
 
 def _alternating_cpu(rounds: int, plain, watched, before=None, after=None):
@@ -233,7 +246,9 @@ def main(argv=None) -> int:
             "load_start": " ".join(f"{x:.2f}" for x in os.getloadavg())}
     bench = Bench(types.SimpleNamespace(quick=args.quick, tmp=None))
     try:
-        results = [measure_model(bench, name) for name in filter(None, args.models.split(","))]
+        names = list(filter(None, args.models.split(",")))
+        eager = [measure_eager(bench, name) for name in names]         # every eager row before any compile
+        results = [measure_graph(bench, name, e) for name, e in zip(names, eager)]
     finally:
         bench.cleanup()
     info["load_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
