@@ -83,6 +83,19 @@ def _side(dump, rank, io, include_parameters):
     return rec.reset_index(drop=True)
 
 
+class _Iteration:
+    """What ``compare``'s ``_iteration_pairs`` reads of a tensor: its iteration."""
+    __slots__ = ("iteration",)
+
+    def __init__(self, i):
+        self.iteration = i
+
+
+def iteration_pairs_of(it_a, it_b, iterations, iteration_pairs):
+    """``compare``'s ``iteration_pairs`` of the iterations two sides' rows hold."""
+    return iteration_pairs([_Iteration(i) for i in set(it_a)], [_Iteration(i) for i in set(it_b)], iterations)
+
+
 def usable_sides(da, db, rank_pairs, io, include_parameters, check_samples, usable):
     """``[(A's records, B's records)]`` of each rank pair (:func:`_side`), or None when a rank
     is missing or ``usable(records)`` refuses a side: a column-wise path then does not apply."""
@@ -112,12 +125,7 @@ def statistics_compare(da, db, rank_pairs, iterations, io, include_parameters, t
     parts = []
     for sa, sb in sides:
         it_a, it_b = _its(sa), _its(sb)
-        class _T:                                 # what _iteration_pairs reads of a tensor
-            __slots__ = ("iteration",)
-
-            def __init__(self, i):
-                self.iteration = i
-        it_pairs = iteration_pairs([_T(i) for i in set(it_a)], [_T(i) for i in set(it_b)], iterations)
+        it_pairs = iteration_pairs_of(it_a, it_b, iterations, iteration_pairs)
         all_it += [p for p in it_pairs if p[0] is not None and p not in all_it]
         part = _pair_rank(sa, sb, it_a, it_b, it_pairs)
         if part is None:

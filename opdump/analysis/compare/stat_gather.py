@@ -46,7 +46,7 @@ def _one_source(tensors) -> Optional[Tuple[Any, np.ndarray]]:
 
 def take_cells(frame, col: str, rows: np.ndarray) -> List[Any]:
     """``frame[col]`` at ``rows`` as Python objects (None for a column the frame lacks), the
-    cells ``tolist`` put in the row dicts (as :func:`.stat_pairs._take`)."""
+    cells ``tolist`` put in the row dicts (the column-wise paths' one cell reader)."""
     if col not in frame.columns:
         return [None] * len(rows)
     ser = frame[col]

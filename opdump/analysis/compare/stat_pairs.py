@@ -26,6 +26,7 @@ from .stat_csv import Cells
 from .stat_result import StatCompareResult, with_cells
 from .stat_cells import iterations_of, per_distinct
 from .stat_columns import _VALUES, column_of_values, judge_columns
+from .stat_gather import take_cells as _take
 
 __all__ = ["StatPairs", "finish_result"]
 
@@ -48,15 +49,19 @@ def _shape_texts(texts: List[Any]) -> List[Optional[str]]:
     return per_distinct(_shape_text_of, texts)
 
 
-def _take(frame, col: str, rows: np.ndarray) -> List[Any]:
-    """``frame[col]`` at ``rows`` as Python objects (None for a column the frame lacks), as
-    ``to_numpy(dtype=object)[rows].tolist()`` gives them."""
-    if col not in frame.columns:
-        return [None] * len(rows)
-    ser = frame[col]
-    if isinstance(ser.dtype, np.dtype):
-        return ser.to_numpy()[rows].tolist()          # int/float/bool/object: the same Python objects
-    return ser.to_numpy(dtype=object)[rows].tolist()
+def add_identity(c: Dict[str, list], sa, sb, ai: np.ndarray, bi: np.ndarray, rules: np.ndarray) -> None:
+    """Append to the columns ``c`` what identifies each pair of one part (A's rows ``ai`` of
+    ``sa``, B's rows ``bi`` of ``sb``): A's rank…op_file, B's op…call (``*_b``), both
+    iterations and the matching rule (shared by the statistics and tensor-file pairs)."""
+    for k in ("rank", "graph", "op", "op_type", "kind", "io", "slot", "call", "order", "op_file"):
+        c[k] += _take(sa, k, ai)
+    for k, dst in (("op", "op_b"), ("op_type", "op_type_b"), ("io", "io_b"), ("slot", "slot_b"),
+                   ("kind", "kind_b"), ("rank", "rank_b"), ("graph", "graph_b"), ("op_file", "op_file_b"),
+                   ("call", "call_b")):
+        c[dst] += _take(sb, k, bi)
+    c["iteration"] += _iterations(sa, ai)
+    c["iteration_b"] += _iterations(sb, bi)
+    c["match"] += rules.tolist()
 
 
 def _iterations(frame, rows: np.ndarray) -> List[Optional[int]]:
@@ -126,15 +131,7 @@ class StatPairs:
                                             "b": {k: [] for k in stat_keys + ("md5",)}}
         has_any: List[bool] = []
         for s, ((sa, sb), (ai, bi, rules)) in enumerate(zip(sides, parts)):
-            for k in ("rank", "graph", "op", "op_type", "kind", "io", "slot", "call", "order", "op_file"):
-                c[k] += _take(sa, k, ai)
-            for k, dst in (("op", "op_b"), ("op_type", "op_type_b"), ("io", "io_b"), ("slot", "slot_b"),
-                           ("kind", "kind_b"), ("rank", "rank_b"), ("graph", "graph_b"), ("op_file", "op_file_b"),
-                           ("call", "call_b")):
-                c[dst] += _take(sb, k, bi)
-            c["iteration"] += _iterations(sa, ai)
-            c["iteration_b"] += _iterations(sb, bi)
-            c["match"] += rules.tolist()
+            add_identity(c, sa, sb, ai, bi, rules)
             c["dtype_a"] += _dtypes(_take(sa, "dtype", ai))
             c["dtype_b"] += _dtypes(_take(sb, "dtype", bi))
             c["shape_a"] += _shape_texts(_take(sa, "shape", ai))

@@ -29,7 +29,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from .pairs import _shape_text
-from .stat_fast import _dclass, _its, _pair_rank, _positions, _tie_groups, enabled, usable_sides
+from .stat_fast import (_dclass, _its, _pair_rank, _positions, _tie_groups, enabled, iteration_pairs_of,
+                        usable_sides)
 
 __all__ = ["tensor_compare"]
 
@@ -131,13 +132,7 @@ def tensor_compare(da, db, rank_pairs, iterations, io, include_parameters, thres
     all_it: List[Tuple[int, int]] = []
     for sa, sb in raw:
         it_a, it_b = _its(sa), _its(sb)
-
-        class _T:                                      # what _iteration_pairs reads of a tensor
-            __slots__ = ("iteration",)
-
-            def __init__(self, i):
-                self.iteration = i
-        it_pairs = iteration_pairs([_T(i) for i in set(it_a)], [_T(i) for i in set(it_b)], iterations)
+        it_pairs = iteration_pairs_of(it_a, it_b, iterations, iteration_pairs)
         xa, xb = _with_layouts(sa, layouts), _with_layouts(sb, layouts)
         if xa is None or xb is None:
             return None

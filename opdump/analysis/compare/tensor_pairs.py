@@ -24,8 +24,8 @@ from .fields import make_tensors
 from .pairs import METRIC_COLUMNS, TABLE_COLUMNS, Pair
 from .result import CompareResult
 from .stat_cells import per_distinct
-from .stat_pairs import (_SKIPPED, _iterations, _mask, _same_dtype, _take, column_summary, garbage,
-                         random_rule)
+from .stat_pairs import (_SKIPPED, _mask, _same_dtype, _take, add_identity, column_summary,
+                         garbage, random_rule)
 from .verdict import _tolerance, verdict_for_metrics
 
 __all__ = ["TensorPairs", "finish_tensor_result"]
@@ -56,15 +56,7 @@ class TensorPairs:
             "op_type_b", "io_b", "slot_b", "kind_b", "rank_b", "graph_b", "op_file", "op_file_b", "call_b",
             "path_a", "path_b", "layout_a", "layout_b")}
         for s, ((sa, sb), (la, lb), (ai, bi, rules)) in enumerate(zip(sides, lays, parts)):
-            for k in ("rank", "graph", "op", "op_type", "kind", "io", "slot", "call", "order", "op_file"):
-                c[k] += _take(sa, k, ai)
-            for k, dst in (("op", "op_b"), ("op_type", "op_type_b"), ("io", "io_b"), ("slot", "slot_b"),
-                           ("kind", "kind_b"), ("rank", "rank_b"), ("graph", "graph_b"), ("op_file", "op_file_b"),
-                           ("call", "call_b")):
-                c[dst] += _take(sb, k, bi)
-            c["iteration"] += _iterations(sa, ai)
-            c["iteration_b"] += _iterations(sb, bi)
-            c["match"] += rules.tolist()
+            add_identity(c, sa, sb, ai, bi, rules)
             c["dtype_a"] += _take(sa, "dtype", ai)            # Tensor.dtype: the record's name (a str: .tensor_fast)
             c["dtype_b"] += _take(sb, "dtype", bi)
             c["shape_a"] += _take(sa, "shape", ai)            # the header shape's text (.tensor_fast)
