@@ -118,21 +118,37 @@ def _fingerprints(sa, sb, it_a, it_b, it_pairs) -> bool:
 
 
 def tensor_compare(da, db, rank_pairs, iterations, io, include_parameters, thresholds, check_samples,
-                   iteration_pairs, sources, layouts, run_metrics) -> Optional[Any]:
+                   iteration_pairs, sources, layouts, run_metrics, workers=None, parallel_min=64) -> Optional[Any]:
     """The :class:`.result.CompareResult` of a tensor-file compare built column-wise, or None
     when this path does not apply (module doc).  ``check_samples``, ``iteration_pairs``,
     ``sources`` and ``layouts`` are ``compare``'s own helpers; ``run_metrics(tasks)`` gives
-    the metrics of compare's tasks by index (:func:`.pool.run_pairs`)."""
+    the metrics of compare's tasks by index (:func:`.pool.run_pairs`); ``workers`` and
+    ``parallel_min`` its pool's, with which the workers start on the files position by
+    position while the headers are read and the pairs made (:mod:`.tensor_ahead`)."""
     if not enabled():
         return None
     raw = usable_sides(da, db, rank_pairs, io, include_parameters, check_samples, _usable)
     if raw is None:
         return None
-    sides, originals, lays, parts = [], [], [], []
-    all_it: List[Tuple[int, int]] = []
+    its = []
     for sa, sb in raw:
         it_a, it_b = _its(sa), _its(sb)
-        it_pairs = iteration_pairs_of(it_a, it_b, iterations, iteration_pairs)
+        its.append((it_a, it_b, iteration_pairs_of(it_a, it_b, iterations, iteration_pairs)))
+    from . import tensor_ahead
+    ahead = tensor_ahead.start(raw, [tensor_ahead.positions_of(a, b, p, _positions) for a, b, p in its],
+                               workers, parallel_min)
+    try:
+        return _columns(da, db, raw, its, rank_pairs, thresholds, sources, layouts, run_metrics, ahead)
+    finally:
+        if ahead is not None:
+            ahead.close()
+
+
+def _columns(da, db, raw, its, rank_pairs, thresholds, sources, layouts, run_metrics, ahead) -> Optional[Any]:
+    """:func:`tensor_compare` once the sides are usable: headers, pairs, metrics, result."""
+    sides, originals, lays, parts = [], [], [], []
+    all_it: List[Tuple[int, int]] = []
+    for (sa, sb), (it_a, it_b, it_pairs) in zip(raw, its):
         xa, xb = _with_layouts(sa, layouts), _with_layouts(sb, layouts)
         if xa is None or xb is None:
             return None
@@ -150,5 +166,12 @@ def tensor_compare(da, db, rank_pairs, iterations, io, include_parameters, thres
     if not any(len(p[0]) for p in parts):
         return None
     from .tensor_pairs import TensorPairs, finish_tensor_result
-    tp = TensorPairs.build(sides, originals, lays, parts, thresholds, run_metrics)
+    metrics = run_metrics
+    if ahead is not None:
+        def metrics(tasks):
+            got, rest = ahead.take(tasks)
+            out = run_metrics(rest) if rest else {}
+            out.update(got)
+            return out
+    tp = TensorPairs.build(sides, originals, lays, parts, thresholds, metrics)
     return finish_tensor_result(da, db, tp, rank_pairs, all_it, thresholds, sources)
