@@ -25,6 +25,7 @@ from .pairs import TABLE_COLUMNS, Pair, Tensor, shape_from_text
 from .fields import make_tensors
 from .gcpause import gc_paused, gc_running
 from .stat_fast import statistics_compare
+from .stat_match import column_pairs
 from .tensor_fast import tensor_compare
 from .result import CompareResult, rule_of
 from .stat_result import StatCompareResult, with_cells
@@ -252,6 +253,11 @@ def compare(a: Union[str, os.PathLike, Dump], b: Union[str, os.PathLike, Dump], 
             by_it_a.setdefault(t.iteration, []).append(t)
         for t in tb:
             by_it_b.setdefault(t.iteration, []).append(t)
+        col = (column_pairs(da, ra, db, rb, io, include_parameters, ta, tb, it_pairs)
+               if matchers is plain and not mapping else None)     # statistics only: over columns (.stat_match)
+        if col is not None:
+            pairs += col
+            continue
         for ia, ib in it_pairs:
             pairs += match(by_it_a.get(ia, []), by_it_b.get(ib, []), matchers)
     for side, seen, d in (("A", seen_a, da), ("B", seen_b, db)):

@@ -1,0 +1,309 @@
+"""The default matchers of :mod:`.match` run over a statistics-only dump's record columns
+(row positions, small ints and strings) instead of one :class:`.pairs.Tensor` object per row.
+
+Why: a statistics-only compare of two runs whose sequences differ (fp32 against bf16
+autocast: extra casts on one side) cannot take the join of :mod:`.stat_fast`; its matching
+took ~3 of ~9 s on 150,000 rows a side, most of it in attribute reads, per-call signature
+tuples (shapes, dtype classes) hashed again and again, and fingerprints built call by call.
+Here each tensor's signature ``(io, slot, shape, dtype class)`` is a code (one table for both
+sides), a call's signature a tuple of codes, a call's statistics fingerprint a tuple of the
+codes of :func:`.stat_fast._fingerprint_codes`; the alignment (:func:`.match.align`,
+:func:`.match._fill_gaps`) and the tie-break (:func:`.match.pair_by_fingerprint`) are the
+matcher's own functions on those codes (they look only at equality and order, which codes
+keep).
+
+When it applies: the default matchers (no mapping, no kernel dump), every row a statistics
+row without a file (the fingerprint of a call is then its statistics, and no ``add`` can be
+shown to add nothing: there are no files to compare).
+
+Guarantee (tests/test_compare_stat_match.py checks it against :func:`.match.match`): for one
+rank pair, the same pairs -- the same tensors, the same rule -- in the same order as
+:func:`.match.match` with :func:`.match.default_matchers` makes them, iteration pair by
+iteration pair (aligned order, name, unique signature, then the unpaired tensors marked
+``front-end`` or not).
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from .frontend import EXTRA_OUTPUTS, RULE_FRONT_END, canonical_type, is_front_end
+from .match import _fill_gaps, align, pair_by_fingerprint
+from .pairs import RULE_NAME, RULE_ORDER, RULE_SIGNATURE, _base_type, dtype_class, shape_from_text
+from .stat_cells import iterations_of, per_distinct
+
+__all__ = ["ColumnSide", "match_rank", "sides_of"]
+
+#: one pair of row positions: (row of A or None, row of B or None, rule)
+RowPair = Tuple[Optional[int], Optional[int], str]
+
+
+def _ints(values: List[Any]) -> List[int]:
+    return values if all(type(v) is int for v in values) else [int(v) for v in values]
+
+
+def _dclass(d: Any) -> str:
+    return dtype_class(d if isinstance(d, str) and d else None)
+
+
+class _Row:
+    """What :func:`.frontend.is_front_end` reads of a tensor."""
+    __slots__ = ("kind", "op_type", "io", "slot")
+
+    def __init__(self, kind, op_type, io, slot):
+        self.kind, self.op_type, self.io, self.slot = kind, op_type, io, slot
+
+
+class ColumnSide:
+    """One side's records as plain lists (a Tensor's identity fields, row by row), tensor
+    signature codes from a table shared with the other side, fingerprint codes."""
+
+    def __init__(self, rec, codes: Dict[tuple, int], fp: List[int]):
+        self.kind = rec["kind"].tolist()
+        self.op = rec["op"].tolist()
+        self.op_file = rec["op_file"].tolist()
+        self.op_type = rec["op_type"].tolist()
+        self.io = rec["io"].tolist()
+        self.slot = _ints(rec["slot"].tolist())
+        self.call = _ints(rec["call"].tolist())
+        self.graph = _ints(rec["graph"].tolist())
+        self.iteration = iterations_of(rec["iteration"])
+        shapes = per_distinct(shape_from_text, rec["shape"].tolist())
+        dcl = per_distinct(_dclass, rec["dtype"].tolist() if "dtype" in rec.columns else [None] * len(rec))
+        setdefault = codes.setdefault
+        self.tsig = [setdefault(k, len(codes)) for k in zip(self.io, self.slot, shapes, dcl)]
+        self.call_key = list(zip(self.iteration, self.graph, self.op_file, self.call))
+        self.fp = fp
+        self.n = len(self.kind)
+
+
+def sides_of(sa, sb) -> Optional[Tuple[ColumnSide, ColumnSide]]:
+    """Both sides' columns, or None when a column cannot be read as the Tensor fields are."""
+    from .stat_fast import _fingerprint_codes
+    try:
+        fa, fb = _fingerprint_codes(sa, sb)
+        codes: Dict[tuple, int] = {}
+        return ColumnSide(sa, codes, fa), ColumnSide(sb, codes, fb)
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return None
+
+
+class _Calls:
+    """Free operator rows grouped into calls (first-seen order), per scope (first-seen order):
+    :func:`.match._calls` on row positions."""
+
+    def __init__(self, s: ColumnSide, free: Sequence[int]):
+        by_call: Dict[tuple, List[int]] = {}
+        kind, ck = s.kind, s.call_key
+        for i in free:
+            if kind[i] != "op":
+                continue
+            lst = by_call.get(ck[i])
+            if lst is None:
+                by_call[ck[i]] = [i]
+            else:
+                lst.append(i)
+        self.scopes: Dict[str, List[List[int]]] = {}
+        op = s.op
+        for rows in by_call.values():
+            o = op[rows[0]]
+            self.scopes.setdefault(o.rsplit("/", 1)[0] if "/" in o else "", []).append(rows)
+
+
+def _signature(s: ColumnSide, rows: List[int], ios: frozenset, sig_codes: Dict[tuple, int]) -> int:
+    """:func:`.frontend.canonical_signature` of a call (its rows) as a code."""
+    base = _base_type(s.op_type[rows[0]])
+    cut = EXTRA_OUTPUTS.get(base)
+    io, slot, tsig = s.io, s.slot, s.tsig
+    if cut is None:
+        keep = [k for k in rows if io[k] in ios]
+    else:
+        keep = [k for k in rows if io[k] in ios and not (io[k] == "output" and slot[k] >= cut)]
+    keep.sort(key=lambda k: (io[k], slot[k]))
+    key = (canonical_type(base),) + tuple([tsig[k] for k in keep])
+    return sig_codes.setdefault(key, len(sig_codes))
+
+
+def _fingerprint(s: ColumnSide, rows: List[int]) -> tuple:
+    """:func:`.match._fingerprint` of a call of statistics rows: its outputs' codes by slot."""
+    io, slot, fp = s.io, s.slot, s.fp
+    outs = sorted((k for k in rows if io[k] == "output"), key=lambda k: slot[k]) or list(rows)
+    return tuple([fp[k] for k in outs])
+
+
+class _Matching:
+    """:class:`.match.Matching` over row positions of the two sides."""
+
+    def __init__(self, A: ColumnSide, B: ColumnSide, ra: List[int], rb: List[int]):
+        self.A, self.B, self.ra, self.rb = A, B, ra, rb
+        self.ios = frozenset(A.io[i] for i in ra) & frozenset(B.io[j] for j in rb)
+        self.pairs: List[RowPair] = []
+        self.used_a: set = set()
+        self.used_b: set = set()
+
+    def take(self, i: int, j: int, rule: str) -> None:
+        if i in self.used_a or j in self.used_b:
+            return
+        self.pairs.append((i, j, rule))
+        self.used_a.add(i)
+        self.used_b.add(j)
+
+    def free_a(self) -> List[int]:
+        u = self.used_a
+        return [i for i in self.ra if i not in u]
+
+    def free_b(self) -> List[int]:
+        u = self.used_b
+        return [j for j in self.rb if j not in u]
+
+    def take_calls(self, ia: List[int], ib: List[int], rule: str) -> None:
+        """The tensors of two paired calls, by (io, slot), io among both sides' ios."""
+        A, B, ios = self.A, self.B, self.ios
+        jb = {(B.io[j], B.slot[j]): j for j in ib}
+        for i in ia:
+            if A.io[i] not in ios:
+                continue
+            j = jb.get((A.io[i], A.slot[i]))
+            if j is not None:
+                self.take(i, j, rule)
+
+
+def _aligned(m: _Matching, sig_codes: Dict[tuple, int]) -> None:
+    """:class:`.match.AlignedOrderMatcher` (with its value tie-break)."""
+    A, B, ios = m.A, m.B, m.ios
+    calls_b = _Calls(B, m.free_b()).scopes
+    for scope, ca in _Calls(A, m.free_a()).scopes.items():
+        cb = calls_b.get(scope)
+        if not cb:
+            continue
+        sig_a = [_signature(A, c, ios, sig_codes) for c in ca]
+        sig_b = [_signature(B, c, ios, sig_codes) for c in cb]
+        by_sig = align(sig_a, sig_b)
+        if sig_a == sig_b:
+            named = by_sig
+        else:
+            anchors = align([(A.op[c[0]], s) for c, s in zip(ca, sig_a)],
+                            [(B.op[c[0]], s) for c, s in zip(cb, sig_b)])
+            named = _fill_gaps(anchors, sig_a, sig_b) if anchors else by_sig
+        chosen = named if len(named) >= len(by_sig) else by_sig
+        chosen = _tie_break(chosen, sig_a, ca, cb, A, B)
+        for x, y in chosen:
+            ia, ib = ca[x], cb[y]
+            m.take_calls(ia, ib, RULE_NAME if A.op[ia[0]] == B.op[ib[0]] else RULE_ORDER)
+
+
+def _tie_break(chosen, sig_a, ca, cb, A: ColumnSide, B: ColumnSide) -> List[Tuple[int, int]]:
+    """:func:`.match._tie_break` with statistics fingerprints."""
+    groups: Dict[int, List[Tuple[int, int]]] = {}
+    for x, y in chosen:
+        groups.setdefault(sig_a[x], []).append((x, y))
+    out: List[Tuple[int, int]] = []
+    for group in groups.values():
+        if len(group) < 2:
+            out += group
+            continue
+        fa = [_fingerprint(A, ca[x]) for x, _ in group]
+        fb = [_fingerprint(B, cb[y]) for _, y in group]
+        if fa == fb:
+            out += group
+            continue
+        out += [(group[i][0], group[j][1]) for i, j in pair_by_fingerprint(fa, fb)]
+    return out
+
+
+def _by_name(m: _Matching) -> None:
+    """:class:`.match.NameMatcher`."""
+    A, B = m.A, m.B
+    idx: Dict[tuple, List[int]] = {}
+    for j in m.free_b():
+        idx.setdefault((B.op_file[j], B.io[j], B.slot[j], B.call[j]), []).append(j)
+    used_b = m.used_b
+    for i in m.free_a():
+        js = idx.get((A.op_file[i], A.io[i], A.slot[i], A.call[i]))
+        if not js:
+            continue
+        sig = A.tsig[i]
+        cands = [j for j in js if j not in used_b and B.tsig[j] == sig]
+        if not cands:
+            continue
+        g = A.graph[i]
+        same_graph = [j for j in cands if B.graph[j] == g]
+        m.take(i, (same_graph or cands)[0], RULE_NAME)
+
+
+def _unique_signature(m: _Matching, sig_codes: Dict[tuple, int]) -> None:
+    """:class:`.match.UniqueSignatureMatcher`."""
+    A, B, ios = m.A, m.B, m.ios
+    calls_b = _Calls(B, m.free_b()).scopes
+    for scope, ca in _Calls(A, m.free_a()).scopes.items():
+        cb = calls_b.get(scope)
+        if not cb:
+            continue
+        count_a: Dict[int, List[int]] = {}
+        count_b: Dict[int, List[int]] = {}
+        for x, c in enumerate(ca):
+            count_a.setdefault(_signature(A, c, ios, sig_codes), []).append(x)
+        for y, c in enumerate(cb):
+            count_b.setdefault(_signature(B, c, ios, sig_codes), []).append(y)
+        for sig, xs in count_a.items():
+            ys = count_b.get(sig, [])
+            if len(xs) != 1 or len(ys) != 1:
+                continue
+            ia, ib = ca[xs[0]], cb[ys[0]]
+            m.take_calls(ia, ib, RULE_NAME if A.op[ia[0]] == B.op[ib[0]] else RULE_SIGNATURE)
+
+
+def _front_end(m: _Matching) -> List[RowPair]:
+    """:func:`.match.mark_front_end` (no file: no call can be shown to add nothing)."""
+    A, B = m.A, m.B
+    paired = ({A.call_key[i] for i in m.used_a}, {B.call_key[j] for j in m.used_b})
+    out: List[RowPair] = []
+    memo: Dict[tuple, bool] = {}
+    for side, s, free in ((0, A, m.free_a()), (1, B, m.free_b())):
+        for i in free:
+            call_paired = s.call_key[i] in paired[side]
+            key = (s.kind[i], s.op_type[i], s.io[i], s.slot[i], call_paired)
+            front = memo.get(key)
+            if front is None:
+                front = memo[key] = is_front_end(_Row(*key[:4]), call_paired)
+            rule = RULE_FRONT_END if front else ""
+            out.append((i, None, rule) if side == 0 else (None, i, rule))
+    return out
+
+
+def match_rank(A: ColumnSide, B: ColumnSide, it_pairs) -> List[RowPair]:
+    """Every row of A and B (one rank pair) in exactly one pair, iteration pair by iteration
+    pair in ``it_pairs`` order, as :func:`.match.match` pairs the tensors of those rows."""
+    pos_a: Dict[Optional[int], List[int]] = {}
+    pos_b: Dict[Optional[int], List[int]] = {}
+    for i, it in enumerate(A.iteration):
+        pos_a.setdefault(it, []).append(i)
+    for j, it in enumerate(B.iteration):
+        pos_b.setdefault(it, []).append(j)
+    sig_codes: Dict[tuple, int] = {}
+    out: List[RowPair] = []
+    for ia, ib in it_pairs:
+        m = _Matching(A, B, pos_a.get(ia, []), pos_b.get(ib, []))
+        _aligned(m, sig_codes)
+        _by_name(m)
+        _unique_signature(m, sig_codes)
+        out += m.pairs
+        out += _front_end(m)
+    return out
+
+
+def column_pairs(da, ra, db, rb, io, include_parameters, ta, tb, it_pairs) -> Optional[list]:
+    """``compare``'s pairs of one rank pair (``ta``/``tb``: its tensors, made of the records
+    :func:`.stat_fast._side` selects) matched over the columns, or None when this does not
+    apply (module doc; ``OPDUMP_COMPARE_FAST=0`` too): the caller then runs the matchers."""
+    from .pairs import Pair
+    from .stat_fast import _side, _usable, enabled
+    if not enabled() or ra not in da.ranks or rb not in db.ranks:
+        return None
+    sa, sb = _side(da, ra, io, include_parameters), _side(db, rb, io, include_parameters)
+    if len(sa) != len(ta) or len(sb) != len(tb) or not _usable(sa) or not _usable(sb):
+        return None
+    sides = sides_of(sa, sb)
+    if sides is None:
+        return None
+    return [Pair(None if i is None else ta[i], None if j is None else tb[j], rule)
+            for i, j, rule in match_rank(sides[0], sides[1], it_pairs)]
