@@ -332,7 +332,11 @@ class Session:
             return next(self._graph_ids)
 
     def iteration_dir(self, graph_id: int) -> str:
-        self._dumped_iterations.add(self.iteration)
+        if self.iteration not in self._dumped_iterations:
+            self._dumped_iterations.add(self.iteration)
+            # the manifest names this iteration as the one in progress as soon as it starts
+            # dumping: a kill before its end must not leave it saying the previous one was
+            self._write_manifest(complete=False)
         return self.layout.iteration_dir(graph_id, self.iteration)
 
     # ------------------------------------------------------------------ files
