@@ -116,3 +116,38 @@ def test_nothing_left_running_and_the_switch(monkeypatch, dumps):
     monkeypatch.delenv("OPDUMP_COMPARE_AHEAD")
     compare(dumps["a"], dumps["perturbed"], progress=False, workers=1, parallel_min=1)
     assert not seen                                   # one worker: the metric stage stays here
+
+
+def test_whole_file_read_gives_the_header_index_answer(tmp_path):
+    """A worker's one-``pread`` read of a small file gives the layout (or the exception, same
+    type and text) the header index gives with the same scan size -- plain, Fortran, 0-d,
+    empty, version 2, object, truncated, bad magic, empty file, and a size that is no longer
+    the file's -- and the bytes only when the file still has that size."""
+    import os
+    from opdump.analysis.reader import npy as N
+    arrays = {"plain": np.arange(12, dtype=np.float32).reshape(3, 4), "zero_d": np.array(3.5),
+              "fortran": np.asfortranarray(np.ones((3, 5), np.int64)), "empty": np.zeros((0, 7), np.float16),
+              "big": np.ones(40_000, np.float32)}                # above WHOLE_MAX: header only
+    paths = []
+    for name, arr in arrays.items():
+        np.save(tmp_path / f"{name}.npy", arr, allow_pickle=False)
+        paths.append(str(tmp_path / f"{name}.npy"))
+    with open(tmp_path / "v2.npy", "wb") as f:
+        np.lib.format.write_array(f, np.ones(4, np.int32), version=(2, 0))
+    np.save(tmp_path / "objects.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    np.save(tmp_path / "truncated.npy", np.ones(100, np.float64))
+    (tmp_path / "truncated.npy").write_bytes((tmp_path / "truncated.npy").read_bytes()[:300])
+    (tmp_path / "magic.npy").write_bytes(b"not a numpy file at all" * 10)
+    (tmp_path / "nothing.npy").write_bytes(b"")
+    paths += [str(tmp_path / f"{n}.npy") for n in ("v2", "objects", "truncated", "magic", "nothing")]
+    for p in paths:
+        real = os.path.getsize(p)
+        for size in {real, max(0, real - 1), real + 1, 0}:
+            got, data = tensor_ahead._read_whole(p, size)
+            want = N.npy_layouts_sized([p], [size])[0]
+            if isinstance(want, Exception):
+                assert type(got) is type(want) and str(got) == str(want), (p, size)
+            else:
+                assert got == want, (p, size)
+            if data is not None:
+                assert size == real <= tensor_ahead.WHOLE_MAX and data == open(p, "rb").read()

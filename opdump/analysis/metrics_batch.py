@@ -63,9 +63,11 @@ def batchable(la: Optional[Layout], lb: Optional[Layout], chunk: int = METRIC_CH
     return 0 < n <= chunk and n == math.prod(lb[0]) and _plain(la) and _plain(lb)
 
 
-def batch_metrics(tasks: Sequence[tuple]) -> List[Tuple[Any, Dict[str, Any]]]:
+def batch_metrics(tasks: Sequence[tuple], read=read_regions) -> List[Tuple[Any, Dict[str, Any]]]:
     """(index, metrics) of every task ``(index, path A, path B, bytes, layout A, layout B)``,
-    the metrics :func:`opdump.analysis.metrics.pair_metrics` gives (see the module)."""
+    the metrics :func:`opdump.analysis.metrics.pair_metrics` gives (see the module).  ``read``:
+    how a group's data regions are read (:func:`.reader.npy.read_regions`' contract; the
+    compare's early workers pass one serving files they already hold whole)."""
     out: List[Tuple[Any, Dict[str, Any]]] = []
     groups: Dict[Tuple[np.dtype, np.dtype], List[tuple]] = {}
     alone = []
@@ -82,7 +84,7 @@ def batch_metrics(tasks: Sequence[tuple]) -> List[Tuple[Any, Dict[str, Any]]]:
         out.append(_task(t))
     with single_thread_blas(), np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         for (da, db), group in groups.items():
-            out += _group(group, da, db)
+            out += _group(group, da, db, read)
     return out
 
 
@@ -98,7 +100,7 @@ def _work(n: int):
     return tuple(x[:n] for x in w)
 
 
-def _group(group: List[tuple], da: np.dtype, db: np.dtype) -> List[Tuple[Any, Dict[str, Any]]]:
+def _group(group: List[tuple], da: np.dtype, db: np.dtype, read=read_regions) -> List[Tuple[Any, Dict[str, Any]]]:
     counts = [math.prod(t[4][0]) for t in group]
     starts_l = []
     pos = 0
@@ -113,7 +115,7 @@ def _group(group: List[tuple], da: np.dtype, db: np.dtype) -> List[Tuple[Any, Di
     for t, s, k in zip(group, starts_l, counts):
         jobs.append((t[1], t[4], mva[s * isa:(s + k) * isa]))
         jobs.append((t[2], t[5], mvb[s * isb:(s + k) * isb]))
-    errs = read_regions(jobs)
+    errs = read(jobs)
     seg = np.empty(2 * len(group), np.intp)             # [start0, end0, start1, end1, ...]: even results
     seg[0::2] = starts_l                                # are the pairs, odd ones the pads between them
     seg[1::2] = np.asarray(starts_l, np.intp) + np.asarray(counts, np.intp)

@@ -29,35 +29,86 @@ re-import), and ``OPDUMP_COMPARE_AHEAD`` is not ``0``.
 """
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..metrics_batch import batch_metrics
+from ..reader import bincache
+from ..reader.npy import _fast_header, npy_layouts_sized, read_regions
+
 __all__ = ["Ahead", "start"]
 
 #: batches of pairs above this many bytes (both files) hold few pairs (pool.py's "one" batches)
 _BIG = 1 << 20
+#: files up to this size are read whole by the worker (header and data: one ``pread``)
+WHOLE_MAX = 64 << 10
 
 
-def _work(items: Sequence[Tuple[str, int, str, int]]) -> List[Tuple[str, str, Any, Any, Dict[str, Any]]]:
-    """In a worker: (path A, path B, layout A, layout B, metrics) of each item (path A, size A,
-    path B, size B) whose two headers read (the others are left to the main process)."""
-    from ..metrics_batch import batch_metrics
-    from ..reader.npy import npy_layouts_sized
-    paths, sizes = [], []
+def _read_whole(path: str, size: int):
+    """(layout, the file's bytes or None) of one file as :func:`.reader.npy.npy_layouts_sized`
+    reads it given the scan's ``size`` -- the same layout or exception -- with the whole file
+    read in one ``pread`` when it is small and its length is still ``size`` (else the bytes
+    are None and the data is read later by :func:`.reader.npy.read_regions`)."""
+    if 0 < size <= WHOLE_MAX and bincache.entry(path) is None:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                data = os.pread(fd, size, 0)
+            finally:
+                os.close(fd)
+        except OSError:
+            data = b""
+        fast = _fast_header(data) if len(data) == size else None
+        if fast is not None:
+            shape, fortran, dtype, offset = fast
+            if offset + math.prod(shape) * dtype.itemsize <= size:
+                return (shape, dtype, offset, fortran), data
+    return npy_layouts_sized([path], [size])[0], None
+
+
+def _work(items: Sequence[Tuple[str, int, str, int]]):
+    """In a worker: ``(layouts, results)`` -- ``layouts`` the layout (or None: unreadable, left
+    to the main process) of every file of ``items`` (path A, size A, path B, size B), and
+    ``results`` (path A, path B, layout A, layout B, metrics) of each item whose two headers
+    read.  Small files are read once, whole; their data regions are served from those bytes."""
+    held: Dict[str, bytes] = {}
+    lays: List[Any] = []
     for pa, sa, pb, sb in items:
-        paths += (pa, pb)
-        sizes += (sa, sb)
-    lays = npy_layouts_sized(paths, sizes)
+        for p, size in ((pa, sa), (pb, sb)):
+            lay, data = _read_whole(p, size)
+            if isinstance(lay, Exception):
+                lay = None
+            elif data is not None:
+                held[p] = data
+            lays.append(lay)
+
+    def read(jobs):
+        """read_regions' contract, from the bytes held (the same bytes a read gives now)."""
+        errs: List[Optional[Exception]] = [None] * len(jobs)
+        other = []
+        for i, (path, layout, view) in enumerate(jobs):
+            data = held.get(path)
+            if data is not None and layout[2] + view.nbytes <= len(data):
+                view[:] = memoryview(data)[layout[2]:layout[2] + view.nbytes]
+            else:
+                other.append(i)
+        if other:
+            for i, e in zip(other, read_regions([jobs[i] for i in other])):
+                errs[i] = e
+        return errs
+
     tasks = []
-    for k in range(len(items)):
+    for k, (pa, _, pb, _) in enumerate(items):
         la, lb = lays[2 * k], lays[2 * k + 1]
-        if isinstance(la, Exception) or isinstance(lb, Exception):
-            continue
-        tasks.append((k, paths[2 * k], paths[2 * k + 1], _nbytes(la) + _nbytes(lb), la, lb))
+        if la is not None and lb is not None:
+            tasks.append((k, pa, pb, _nbytes(la) + _nbytes(lb), la, lb))
     by_k = {t[0]: t for t in tasks}
-    return [(by_k[k][1], by_k[k][2], by_k[k][4], by_k[k][5], m) for k, m in batch_metrics(tasks)]
+    results = [(by_k[k][1], by_k[k][2], by_k[k][4], by_k[k][5], m) for k, m in batch_metrics(tasks, read)]
+    paths = [p for it in items for p in (it[0], it[2])]
+    return list(zip(paths, lays)), results
 
 
 def _nbytes(layout) -> int:
@@ -83,29 +134,56 @@ def _batches(items: List[Tuple[str, int, str, int]], workers: int) -> List[list]
 
 
 class Ahead:
-    """The futures of the speculative batches; :meth:`take` hands over what matches."""
+    """The futures of the speculative batches: :meth:`layouts` waits for them and hands the
+    headers the workers read to the header index, :meth:`take` the metrics that match."""
 
     def __init__(self, executor, futures):
         self.executor, self.futures = executor, futures
+        self.known: Optional[Dict[str, Any]] = None
+        self.done: Dict[Tuple[str, str], Tuple[Any, Any, Dict[str, Any]]] = {}
 
-    def take(self, tasks: List[tuple]) -> Tuple[Dict[Any, Dict[str, Any]], List[tuple]]:
-        """(metrics by index of the tasks answered ahead, the tasks left to :func:`.pool.run_pairs`);
-        tasks are ``(index, path A, path B, bytes, layout A, layout B)``.  Waits for every batch
-        and shuts the pool down."""
-        done: Dict[Tuple[str, str], Tuple[Any, Any, Dict[str, Any]]] = {}
+    def _collect(self) -> None:
+        if self.known is not None:
+            return
+        self.known = {}
         try:
             for f in self.futures:
                 try:
-                    for pa, pb, la, lb, m in f.result():
-                        done[(pa, pb)] = (la, lb, m)
-                except Exception:  # noqa: BLE001 - a worker failed: those pairs are computed again
-                    pass
+                    lays, results = f.result()
+                except Exception:  # noqa: BLE001 - a worker failed: those files are read again here
+                    continue
+                for p, lay in lays:
+                    if lay is not None:
+                        self.known[p] = lay
+                for pa, pb, la, lb, m in results:
+                    self.done[(pa, pb)] = (la, lb, m)
         finally:
             self.close()
+
+    def layouts(self, read):
+        """``read`` (compare's header index: paths, sizes -> layouts or exceptions) answering
+        from the headers the workers read, reading only the others."""
+        self._collect()
+        known = self.known
+
+        def index(paths: List[str], sizes: Optional[List[int]] = None) -> List[Any]:
+            out: List[Any] = [known.get(p) for p in paths]
+            miss = [i for i, x in enumerate(out) if x is None]
+            if miss:
+                got = read([paths[i] for i in miss], [sizes[i] for i in miss] if sizes is not None else None)
+                for i, x in zip(miss, got):
+                    out[i] = x
+            return out
+        return index
+
+    def take(self, tasks: List[tuple]) -> Tuple[Dict[Any, Dict[str, Any]], List[tuple]]:
+        """(metrics by index of the tasks answered ahead, the tasks left to :func:`.pool.run_pairs`);
+        tasks are ``(index, path A, path B, bytes, layout A, layout B)``."""
+        self._collect()
         got: Dict[Any, Dict[str, Any]] = {}
         rest: List[tuple] = []
         for t in tasks:
-            hit = done.get((t[1], t[2])) if len(t) > 5 else None
+            hit = self.done.get((t[1], t[2])) if len(t) > 5 else None
             if hit is not None and _same_layout(hit[0], t[4]) and _same_layout(hit[1], t[5]):
                 got[t[0]] = hit[2]
             else:

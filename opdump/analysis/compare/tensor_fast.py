@@ -148,6 +148,8 @@ def _columns(da, db, raw, its, rank_pairs, thresholds, sources, layouts, run_met
     """:func:`tensor_compare` once the sides are usable: headers, pairs, metrics, result."""
     sides, originals, lays, parts = [], [], [], []
     all_it: List[Tuple[int, int]] = []
+    if ahead is not None:                              # the headers the workers read (.tensor_ahead)
+        layouts = ahead.layouts(layouts)
     for (sa, sb), (it_a, it_b, it_pairs) in zip(raw, its):
         xa, xb = _with_layouts(sa, layouts), _with_layouts(sb, layouts)
         if xa is None or xb is None:
