@@ -21,6 +21,7 @@ from opdump.analysis.compare.stat_match import column_pairs, match_rank, sides_o
 from opdump.analysis.reader import open_dump
 
 from test_compare_stat_fastpath import _both, _fast_applies, _same, write_stats_dump
+from test_compare_stat_rows import CASES as ROW_CASES, add_casts
 
 #: (op type, [(io, slot, shape)]) of the calls the random sequences are made of
 CALLS = [
@@ -165,6 +166,7 @@ DIFFERING = {
     "nonfinite_md5_two_ranks": (dict(ranks=(0, 1), nonfinite=True, md5=True),
                                 dict(seed=1, ranks=(0, 1), nonfinite=True, md5=True, drop=(0, 3))),
     "several_calls": (dict(calls=2), dict(seed=0, calls=2, swap_ties=True, drop=(1, 1))),
+    "most_unmatched": (dict(), dict(seed=0, dtype_of={i: "Int32" for i in range(26)})),   # warns; front-end
 }
 
 
@@ -173,13 +175,26 @@ def test_differing_sequences_match_per_row_stages(case, tmp_path, monkeypatch):
     a_spec, b_spec = DIFFERING[case]
     a = write_stats_dump(tmp_path / "a", **a_spec)
     b = write_stats_dump(tmp_path / "b", **{**a_spec, **b_spec})
-    assert not _fast_applies(a, b)                       # the join cannot: the column matcher decides
+    assert _fast_applies(a, b)                           # column-wise, pairs by the column matcher
     da, db = open_dump(str(a)), open_dump(str(b))
     ta, tb = _tensors(da, 0), _tensors(db, 0)
     assert column_pairs(da, 0, db, 0, None, True, ta, tb, _iteration_pairs(ta, tb, None)) is not None
     old, new = _both(a, b, monkeypatch)
     _same(old, new, tmp_path)
     assert old.counts.get("unmatched", 0) > 0
+    assert (old.warnings, old.front_end_a, old.unmatched_b) == (new.warnings, new.front_end_a, new.unmatched_b)
+    if case == "most_unmatched":
+        assert old.warnings and old.front_end_a
+
+
+def test_rank_only_in_a(tmp_path, monkeypatch):
+    """A rank that B lacks: the per-row stages run, the column matcher pairing the rank both hold."""
+    a = write_stats_dump(tmp_path / "a", ranks=(0, 1))
+    b = write_stats_dump(tmp_path / "b", ranks=(0,), perturb=1e-3, drop=(2, 3))
+    assert not _fast_applies(a, b)
+    old, new = _both(a, b, monkeypatch)
+    _same(old, new, tmp_path)
+    assert old.unmatched_a and old.counts.get("unmatched", 0) > 0
 
 
 @pytest.mark.parametrize("kw", [dict(io="output"), dict(include_parameters=False), dict(iterations=[(0, 1), 2]),
@@ -223,10 +238,27 @@ def test_real_fp32_vs_bf16_autocast(tmp_path, monkeypatch):
     is the per-row stages' (table, CSV bytes, summary, first difference and divergence)."""
     a = _real_run(tmp_path / "bf16", True)
     b = _real_run(tmp_path / "fp32", False)
-    assert not _fast_applies(a, b)
+    assert _fast_applies(a, b)
     da, db = open_dump(str(a)), open_dump(str(b))
     ta, tb = _tensors(da, 0), _tensors(db, 0)
     assert column_pairs(da, 0, db, 0, None, True, ta, tb, _iteration_pairs(ta, tb, None)) is not None
     old, new = _both(a, b, monkeypatch)
     _same(old, new, tmp_path)
     assert old.counts.get("unmatched", 0) > 0 and old.matched_by.get("aligned order", 0) > 0
+
+
+@pytest.mark.parametrize("case", sorted(ROW_CASES))
+def test_cast_cases_match_per_row_stages(case, tmp_path, monkeypatch):
+    """tests/test_compare_stat_rows.py's cases (extra casts on one side, NaN/Inf, MD5, ties,
+    filters): the column path against the per-row stages."""
+    spec_a, spec_b, casts, kw = ROW_CASES[case]
+    a = write_stats_dump(tmp_path / "a", **spec_a)
+    if casts:
+        add_casts(a)
+    b = write_stats_dump(tmp_path / "b", **spec_b)
+    assert _fast_applies(a, b, **kw)
+    old, new = _both(a, b, monkeypatch, **kw)
+    assert (old.table["verdict"] == "unmatched").any()
+    _same(old, new, tmp_path)
+    assert (old.unmatched_a, old.unmatched_b, old.front_end_a, old.front_end_b, old.warnings) == (
+        new.unmatched_a, new.unmatched_b, new.front_end_a, new.front_end_b, new.warnings)

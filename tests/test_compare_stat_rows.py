@@ -58,7 +58,9 @@ def add_casts(root: Path, every: int = 3) -> Path:
 
 
 def _both(a, b, monkeypatch, **kw):
-    """(row-by-row table, column table) results of one compare."""
+    """(row-by-row table, column table) results of one compare, both by the per-row stages
+    (``OPDUMP_COMPARE_FAST=0``: statistics_compare now takes differing sequences too)."""
+    monkeypatch.setenv("OPDUMP_COMPARE_FAST", "0")
     new = compare(str(a), str(b), progress=False, **kw)
     monkeypatch.setattr(run_mod, "pathless", lambda pairs: False)     # the row-by-row table
     monkeypatch.setattr(stat_gather, "gathered_columns", lambda pairs, keys, conv: None)   # the row dicts

@@ -36,6 +36,7 @@ import numpy as np
 from .frontend import EXTRA_OUTPUTS, canonical_type
 from .pairs import RULE_NAME, RULE_ORDER, _base_type, dtype_class, shape_from_text
 from .stat_cells import iterations_of, per_distinct
+from .stat_match import row_part
 from .stat_pairs import StatPairs, finish_result
 
 __all__ = ["statistics_compare", "enabled"]
@@ -128,10 +129,12 @@ def statistics_compare(da, db, rank_pairs, iterations, io, include_parameters, t
         it_pairs = iteration_pairs_of(it_a, it_b, iterations, iteration_pairs)
         all_it += [p for p in it_pairs if p[0] is not None and p not in all_it]
         part = _pair_rank(sa, sb, it_a, it_b, it_pairs)
+        if part is None:                          # sequences differ: the matchers over columns (.stat_match)
+            part = row_part(sa, sb, it_pairs)
         if part is None:
             return None
         parts.append(part)
-    if not any(len(p[0]) for p in parts):
+    if not any(((p[0] >= 0) & (p[1] >= 0)).any() for p in parts):
         return None                               # nothing matched: the per-row stages raise
     sp = StatPairs.build(sides, parts, thresholds)
     return finish_result(da, db, sp, rank_pairs, all_it, thresholds, sources)

@@ -307,3 +307,19 @@ def column_pairs(da, ra, db, rb, io, include_parameters, ta, tb, it_pairs) -> Op
         return None
     return [Pair(None if i is None else ta[i], None if j is None else tb[j], rule)
             for i, j, rule in match_rank(sides[0], sides[1], it_pairs)]
+
+
+def row_part(sa, sb, it_pairs):
+    """``(A rows, B rows, rules)`` of one rank pair as :mod:`.stat_pairs` takes them (-1 where
+    a tensor has no partner: ``Pair(a, None)``/``Pair(None, b)``), in :func:`match_rank`'s
+    order, or None when the columns cannot be read as the Tensor fields are."""
+    import numpy as np
+    sides = sides_of(sa, sb)
+    if sides is None:
+        return None
+    got = match_rank(sides[0], sides[1], it_pairs)
+    ai = np.fromiter((-1 if i is None else i for i, _, _ in got), dtype=np.int64, count=len(got))
+    bi = np.fromiter((-1 if j is None else j for _, j, _ in got), dtype=np.int64, count=len(got))
+    rules = np.empty(len(got), dtype=object)
+    rules[:] = [r for _, _, r in got]
+    return ai, bi, rules

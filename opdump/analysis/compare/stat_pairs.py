@@ -27,6 +27,7 @@ from .stat_result import StatCompareResult, with_cells
 from .stat_cells import iterations_of, per_distinct
 from .stat_columns import _VALUES, column_of_values, judge_columns
 from .stat_gather import take_cells as _take
+from .stat_onesided import add_one_sided, call_counts, summary_lists, unmatched_warning
 
 __all__ = ["StatPairs", "finish_result"]
 
@@ -130,7 +131,12 @@ class StatPairs:
         stat: Dict[str, Dict[str, list]] = {"a": {k: [] for k in stat_keys + ("md5",)},
                                             "b": {k: [] for k in stat_keys + ("md5",)}}
         has_any: List[bool] = []
+        one_sided = []                                  # (side pair, its rows without a partner)
         for s, ((sa, sb), (ai, bi, rules)) in enumerate(zip(sides, parts)):
+            both = (ai >= 0) & (bi >= 0)
+            if not both.all():                          # pairs of .stat_match: some tensors alone
+                one_sided.append((s, sa, sb, ai[~both], bi[~both], rules[~both]))
+                ai, bi, rules = ai[both], bi[both], rules[both]
             add_identity(c, sa, sb, ai, bi, rules)
             c["dtype_a"] += _dtypes(_take(sa, "dtype", ai))
             c["dtype_b"] += _dtypes(_take(sb, "dtype", bi))
@@ -180,9 +186,17 @@ class StatPairs:
         random_rule(c["op_type"], c["io"], verdict, reason)
         c["verdict"], c["reason"], c["mode"], c["metrics"], c["identical"], c["same"] = (
             verdict, reason, mode, metrics, identical, same)
-        # table order: Pair.sort_key (every pair has its A side)
-        it_key = np.asarray([1 << 60 if x is None else x for x in c["iteration"]], dtype=np.int64)
-        order = np.lexsort((np.asarray(c["order"], np.int64), np.asarray(c["rank"], np.int64), it_key))
+        keys = {"flag": [0] * n, "it": list(c["iteration"]), "rank": list(c["rank"]), "order": list(c["order"])}
+        if one_sided:                                   # the tensors alone, then every pair sorted together
+            c["has_a"], c["has_b"] = [True] * n, [True] * n
+            for s, sa, sb, ai, bi, rules in one_sided:
+                add_one_sided(c, keys, s, sa, sb, ai, bi, rules, iterations_of(sa["iteration"]),
+                              iterations_of(sb["iteration"]), _dtypes, _shape_texts)
+            n = len(c["rank"])
+        # table order: Pair.sort_key (A's tensors first, B's alone after them)
+        it_key = np.asarray([1 << 60 if x is None else x for x in keys["it"]], dtype=np.int64)
+        order = np.lexsort((np.asarray(keys["order"], np.int64), np.asarray(keys["rank"], np.int64), it_key,
+                            np.asarray(keys["flag"], np.int64)))
         self.cols = {}
         if bool(np.all(order == np.arange(n))):
             self.cols = dict(c)                          # already in table order
@@ -200,13 +214,13 @@ class StatPairs:
         made: Dict[tuple, Any] = {}
         for s, (sa, sb) in enumerate(self.sides):
             for frame, rows_key, tag in ((sa, "row_a", "a"), (sb, "row_b", "b")):
-                rows = sorted({c[rows_key][k] for k in idx if c["side"][k] == s})
+                rows = sorted({c[rows_key][k] for k in idx if c["side"][k] == s and c[rows_key][k] is not None})
                 if not rows:
                     continue
                 for r, t in zip(rows, make_tensors(frame.iloc[rows])):
                     t.shape = shape_from_text(t.row.get("shape"))
                     made[(s, tag, r)] = t
-        return [Pair(made[(c["side"][k], "a", c["row_a"][k])], made[(c["side"][k], "b", c["row_b"][k])],
+        return [Pair(made.get((c["side"][k], "a", c["row_a"][k])), made.get((c["side"][k], "b", c["row_b"][k])),
                      c["match"][k], c["mode"][k], c["verdict"][k], c["reason"][k], c["identical"][k],
                      dict(c["metrics"][k]), c["source"][k]) for k in idx]
 
@@ -219,7 +233,8 @@ def _sources(sp: StatPairs, da, db, sources) -> None:
         def __init__(self, kind, rank, graph, op):
             self.kind, self.rank, self.graph, self.op = kind, rank, graph, op
     c = sp.cols
-    keys = list(zip(c["kind"], c["rank"], c["graph"], c["op"], c["kind_b"], c["rank_b"], c["graph_b"], c["op_b"]))
+    kind_a = c["kind"] if "has_a" not in c else [k if x else None for k, x in zip(c["kind"], c["has_a"])]
+    keys = list(zip(kind_a, c["rank"], c["graph"], c["op"], c["kind_b"], c["rank_b"], c["graph_b"], c["op_b"]))
     cache: Dict[tuple, str] = {}
     for key in dict.fromkeys(keys):                  # once per distinct operator pair, first seen first
         ka, ra, ga, oa, kb, rb, gb, ob = key
@@ -262,10 +277,11 @@ def finish_result(da, db, sp: StatPairs, rank_pairs, it_pairs, thresholds, sourc
     """The :class:`CompareResult` of ``sp`` (``compare``'s last stages, column-wise); its
     table is held as cells (:mod:`.stat_result`)."""
     matched_by, ops, settle = column_summary(da, db, sp, sources, thresholds)
-    result = StatCompareResult(str(da.path), str(db.path), None, None, [], [], [], [], thresholds, it_pairs,
+    un_a, un_b, front_a, front_b = summary_lists(sp.cols)
+    result = StatCompareResult(str(da.path), str(db.path), None, None, [], [], un_a, un_b, thresholds, it_pairs,
                                (rank_pairs[0] if len(rank_pairs) == 1 else (None, None)), matched_by=matched_by,
-                               operators=ops, unreadable=[], warnings=[], front_end_a=[], front_end_b=[],
-                               kernel_only_a=[], kernel_only_b=[])
+                               operators=ops, unreadable=[], warnings=unmatched_warning(ops), front_end_a=front_a,
+                               front_end_b=front_b, kernel_only_a=[], kernel_only_b=[])
     return with_cells(settle(result), _table_cells(sp))
 
 
@@ -285,12 +301,17 @@ def column_summary(da, db, sp, sources, thresholds):
     fdiff, nondet_d = _first_difference(sp, sources) if same else (None, [])
     fdiv, nondet, params = _first_divergence(sp, sources)
     rule, note = rule_of(same, int((~same_at).sum()), len(same_at), thresholds)
-    matched_by: Dict[str, int] = dict(Counter(c["match"]))      # first seen first, as the loop counted
-    calls_a = len(set(compress(zip(c["rank"], c["iteration"], c["graph"], c["op_file"], c["call"]),
-                               map("op".__eq__, c["kind"]))))
-    calls_b = len(set(compress(zip(c["rank_b"], c["iteration_b"], c["graph_b"], c["op_file_b"], c["call_b"]),
-                               map("op".__eq__, c["kind_b"]))))
-    ops = {"calls_a": calls_a, "matched_a": calls_a, "calls_b": calls_b, "matched_b": calls_b}
+    if "has_a" in c:                                            # some tensors alone (.stat_onesided)
+        matched_by = dict(Counter(compress(c["match"], map(operator.and_, c["has_a"], c["has_b"]))))
+        n_a, m_a, n_b, m_b = call_counts(c, n)
+        ops = {"calls_a": n_a, "matched_a": m_a, "calls_b": n_b, "matched_b": m_b}
+    else:
+        matched_by = dict(Counter(c["match"]))                   # first seen first, as the loop counted
+        calls_a = len(set(compress(zip(c["rank"], c["iteration"], c["graph"], c["op_file"], c["call"]),
+                                   map("op".__eq__, c["kind"]))))
+        calls_b = len(set(compress(zip(c["rank_b"], c["iteration_b"], c["graph_b"], c["op_file_b"], c["call_b"]),
+                                   map("op".__eq__, c["kind_b"]))))
+        ops = {"calls_a": calls_a, "matched_a": calls_a, "calls_b": calls_b, "matched_b": calls_b}
 
     def settle(result):
         result.first_divergence, result.diverged_parameters = fdiv, params
