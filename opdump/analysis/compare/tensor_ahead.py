@@ -1,26 +1,35 @@
-"""The metrics of a tensor-file compare started before its pairs are known: the workers
-compare A's and B's files position by position while this process reads the headers,
-pairs the records and builds the table's columns (:mod:`.tensor_fast`).
+"""The metrics of a tensor-file compare started before its pairs are known, and the header
+index made by the same reads: the workers read A's and B's files position by position,
+each small file whole in one ``pread`` (header and data), and compare them, while the
+records are still being paired; their headers then serve the header index of
+:mod:`.tensor_fast` and their metrics the pairs it makes.
 
-Why: in a dump of many small tensors (32,700 pairs of ~2 KB) the main process spends
-~0.7 s reading 65,400 headers, pairing and building columns while the worker pool is not
-yet started, then waits ~0.5 s for the pool while it does nothing: on two cores one of
-them is idle for most of the compare.  :mod:`.tensor_fast` only answers when A's and B's
-records are the same sequence of tensors within each iteration pair, so position-by-position
-pairs are, in practice, the pairs it makes; their files' sizes are known from the folder
-scan, so the work can be ordered (largest first) and batched before any header is read.
+Why: in a dump of many small tensors (32,700 pairs of 2-4 KB) each file used to be opened
+twice -- its header read by the main process (0.33 s of one core for 65,400 files: system
+calls), its data by a worker -- with one core idle during the header index.  Now each
+small file costs one ``open``/``pread``/``close``, in a worker: main process 2.1 -> 1.8 s
+of CPU, workers +0.1 s.  :mod:`.tensor_fast` only answers when A's and B's records are
+the same sequence of tensors within each iteration pair, so position-by-position pairs
+are, in practice, the pairs it makes; the files' sizes are known from the folder scan, so
+the work is ordered (largest first) and batched before any header is read.
 
-Guarantee: a pair's metrics are used only when the pair :mod:`.tensor_fast` made has the
-same two paths *and* the same two layouts (header shape, dtype, data offset, order) as
-the worker read -- and then they are the dict :func:`opdump.analysis.metrics_batch.batch_metrics`
-gives for that task, the function :func:`.pool.run_pairs` runs on it (its result does not
-depend on which other pairs share the batch: tests/test_compare_batch_metrics.py).  Every
-other pair (a different pairing, a header that changed, a worker that failed) goes to
-:func:`.pool.run_pairs` as before.  The pool is shut down before :meth:`Ahead.take`
-returns or :meth:`Ahead.close` does (no worker outlives the compare; no thread stays
-behind to make a later fork unsafe).  Memory: the task list (paths and sizes) and the
-metrics dicts, as :func:`.pool.run_pairs` holds them; the workers read through the same
-bounded batches.
+Guarantee: the header index answers with the layout the worker read, which is what
+:func:`.reader.npy.npy_layouts_sized` gives for that file and scan size (the same parse and
+size check; anything else -- a file of another size now, an unreadable header, a bin
+tensor -- goes through that function itself, and a header a worker could not read is read
+again here, so its error text is the usual one).  A pair's metrics are used only when the
+pair :mod:`.tensor_fast` made has the same two paths *and* the same two layouts as the
+worker's -- and then they are the dict :func:`opdump.analysis.metrics_batch.batch_metrics`
+gives for that task, the function :func:`.pool.run_pairs` runs (its result does not depend
+on which other pairs share the batch: tests/test_compare_batch_metrics.py; the data region
+is served from the bytes the worker read, the bytes a read gives).  Every other pair (a
+different pairing, a worker that failed) goes to :func:`.pool.run_pairs` as before.  Files
+that change while the compare runs may be seen before or after the change, as on the
+per-pair path.  The pool is shut down once the results are collected, and by
+:meth:`Ahead.close` (no worker outlives the compare; no thread stays behind to make a
+later fork unsafe).  Memory: the task list (paths and sizes), the headers and the metrics
+dicts, as :func:`.pool.run_pairs` holds them; a worker holds one batch's small files
+(batches of :data:`.pool.SMALL_BATCH_BYTES`), larger files are streamed as before.
 
 When: the metric stage would run in worker processes anyway (the rule of
 :func:`.pool.run_pairs`: at least two workers, ``parallel_min`` pairs or
@@ -47,18 +56,32 @@ _BIG = 1 << 20
 WHOLE_MAX = 64 << 10
 
 
-def _read_whole(path: str, size: int):
+_WILLNEED = getattr(os, "POSIX_FADV_WILLNEED", None)
+#: files opened and announced to the kernel at once (cold cache: their reads are queued together)
+WINDOW = 256
+
+
+def _whole(path: str, size: int) -> bool:
+    """Whether the file is read whole (small, a plain ``.npy`` of known size)."""
+    return 0 < size <= WHOLE_MAX and bincache.entry(path) is None
+
+
+def _read_whole(path: str, size: int, fd: int = -1):
     """(layout, the file's bytes or None) of one file as :func:`.reader.npy.npy_layouts_sized`
     reads it given the scan's ``size`` -- the same layout or exception -- with the whole file
     read in one ``pread`` when it is small and its length is still ``size`` (else the bytes
-    are None and the data is read later by :func:`.reader.npy.read_regions`)."""
-    if 0 < size <= WHOLE_MAX and bincache.entry(path) is None:
+    are None and the data is read later by :func:`.reader.npy.read_regions`).  ``fd``: the
+    file already open (the caller closes it)."""
+    if _whole(path, size):
         try:
-            fd = os.open(path, os.O_RDONLY)
-            try:
+            if fd >= 0:
                 data = os.pread(fd, size, 0)
-            finally:
-                os.close(fd)
+            else:
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    data = os.pread(fd, size, 0)
+                finally:
+                    os.close(fd)
         except OSError:
             data = b""
         fast = _fast_header(data) if len(data) == size else None
@@ -69,21 +92,48 @@ def _read_whole(path: str, size: int):
     return npy_layouts_sized([path], [size])[0], None
 
 
+def _read_all(files: List[Tuple[str, int]]) -> List[Tuple[Any, Optional[bytes]]]:
+    """:func:`_read_whole` of each (path, size), :data:`WINDOW` files at a time opened and
+    announced (``posix_fadvise(WILLNEED)``) before the first is read: on a cold cache their
+    reads are in flight together instead of one after the other."""
+    out: List[Tuple[Any, Optional[bytes]]] = []
+    for w in range(0, len(files), WINDOW):
+        part = files[w:w + WINDOW]
+        fds: List[int] = []
+        try:
+            for path, size in part:
+                fd = -1
+                if _whole(path, size):
+                    try:
+                        fd = os.open(path, os.O_RDONLY)
+                        if _WILLNEED is not None:
+                            os.posix_fadvise(fd, 0, size, _WILLNEED)
+                    except OSError:
+                        pass
+                fds.append(fd)
+            for (path, size), fd in zip(part, fds):
+                out.append(_read_whole(path, size, fd))
+        finally:
+            for fd in fds:
+                if fd >= 0:
+                    os.close(fd)
+    return out
+
+
 def _work(items: Sequence[Tuple[str, int, str, int]]):
     """In a worker: ``(layouts, results)`` -- ``layouts`` the layout (or None: unreadable, left
-    to the main process) of every file of ``items`` (path A, size A, path B, size B), and
-    ``results`` (path A, path B, layout A, layout B, metrics) of each item whose two headers
-    read.  Small files are read once, whole; their data regions are served from those bytes."""
+    to the main process) of every file of ``items`` (path A, size A, path B, size B; A's then
+    B's, item by item), and ``results`` (position in ``items``, metrics) of each item whose
+    two headers read.  Small files are read once, whole; their data regions are served from those bytes."""
     held: Dict[str, bytes] = {}
     lays: List[Any] = []
-    for pa, sa, pb, sb in items:
-        for p, size in ((pa, sa), (pb, sb)):
-            lay, data = _read_whole(p, size)
-            if isinstance(lay, Exception):
-                lay = None
-            elif data is not None:
-                held[p] = data
-            lays.append(lay)
+    files = [f for pa, sa, pb, sb in items for f in ((pa, sa), (pb, sb))]
+    for (p, _), (lay, data) in zip(files, _read_all(files)):
+        if isinstance(lay, Exception):
+            lay = None
+        elif data is not None:
+            held[p] = data
+        lays.append(lay)
 
     def read(jobs):
         """read_regions' contract, from the bytes held (the same bytes a read gives now)."""
@@ -105,10 +155,7 @@ def _work(items: Sequence[Tuple[str, int, str, int]]):
         la, lb = lays[2 * k], lays[2 * k + 1]
         if la is not None and lb is not None:
             tasks.append((k, pa, pb, _nbytes(la) + _nbytes(lb), la, lb))
-    by_k = {t[0]: t for t in tasks}
-    results = [(by_k[k][1], by_k[k][2], by_k[k][4], by_k[k][5], m) for k, m in batch_metrics(tasks, read)]
-    paths = [p for it in items for p in (it[0], it[2])]
-    return list(zip(paths, lays)), results
+    return lays, batch_metrics(tasks, read)          # by position in the batch: no path travels back
 
 
 def _nbytes(layout) -> int:
@@ -137,8 +184,8 @@ class Ahead:
     """The futures of the speculative batches: :meth:`layouts` waits for them and hands the
     headers the workers read to the header index, :meth:`take` the metrics that match."""
 
-    def __init__(self, executor, futures):
-        self.executor, self.futures = executor, futures
+    def __init__(self, executor, futures, batches):
+        self.executor, self.futures, self.batches = executor, futures, batches
         self.known: Optional[Dict[str, Any]] = None
         self.done: Dict[Tuple[str, str], Tuple[Any, Any, Dict[str, Any]]] = {}
 
@@ -147,16 +194,18 @@ class Ahead:
             return
         self.known = {}
         try:
-            for f in self.futures:
+            for f, items in zip(self.futures, self.batches):
                 try:
                     lays, results = f.result()
                 except Exception:  # noqa: BLE001 - a worker failed: those files are read again here
                     continue
-                for p, lay in lays:
-                    if lay is not None:
-                        self.known[p] = lay
-                for pa, pb, la, lb, m in results:
-                    self.done[(pa, pb)] = (la, lb, m)
+                for (pa, _, pb, _), la, lb in zip(items, lays[0::2], lays[1::2]):
+                    if la is not None:
+                        self.known[pa] = la
+                    if lb is not None:
+                        self.known[pb] = lb
+                for k, m in results:
+                    self.done[(items[k][0], items[k][2])] = (lays[2 * k], lays[2 * k + 1], m)
         finally:
             self.close()
 
@@ -184,7 +233,8 @@ class Ahead:
         rest: List[tuple] = []
         for t in tasks:
             hit = self.done.get((t[1], t[2])) if len(t) > 5 else None
-            if hit is not None and _same_layout(hit[0], t[4]) and _same_layout(hit[1], t[5]):
+            if hit is not None and (hit[0] is t[4] or _same_layout(hit[0], t[4])) and (
+                    hit[1] is t[5] or _same_layout(hit[1], t[5])):  # the same objects: the headers handed over
                 got[t[0]] = hit[2]
             else:
                 rest.append(t)
@@ -236,11 +286,12 @@ def start(sides, positions, workers: Optional[int], parallel_min: int) -> Option
     from concurrent.futures import ProcessPoolExecutor
     ex = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init)
     try:
-        futures = [ex.submit(_work, b) for b in _batches(items, workers)]
+        batches = _batches(items, workers)
+        futures = [ex.submit(_work, b) for b in batches]
     except Exception:  # noqa: BLE001 - no pool: the metric stage runs as before
         ex.shutdown(wait=True, cancel_futures=True)
         return None
-    return Ahead(ex, futures)
+    return Ahead(ex, futures, batches)
 
 
 def positions_of(it_a, it_b, it_pairs, positions) -> List[Tuple[np.ndarray, np.ndarray]]:
