@@ -123,7 +123,7 @@ def _float_texts(vals: np.ndarray) -> List[str]:
     nan = np.isnan(vals)
     n = len(vals)
     txt = np.empty(n, dtype=object)
-    txt[:] = list(map(repr, vals.tolist()))
+    txt[:] = per_distinct(repr, vals.tolist())       # repeated values (1.0, 0.0) formatted once
     if n:
         idx = np.unique(np.linspace(0, n - 1, min(n, 64)).astype(np.intp))
         idx = np.concatenate([idx, np.flatnonzero(~nan)[:16], np.flatnonzero(~nan)[-16:]])
