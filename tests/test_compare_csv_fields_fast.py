@@ -50,4 +50,7 @@ def test_float_columns(tmp_path):
     v = np.concatenate(parts)
     rng.shuffle(v)
     _same(tmp_path, pd.DataFrame({"f": v, "nan": np.full(len(v), np.nan), "g": v[::-1].copy()}))
+    zeros = np.array([0.0, 1.0, -0.0, 1.0, 0.0, -0.0, np.nan, 0.5] * 50)   # -0.0 after 0.0 and before
+    _same(tmp_path, pd.DataFrame({"z": zeros, "r": zeros[::-1].copy(), "p": np.abs(zeros)}))
+    assert table_csv._float_texts(zeros)[:3] == ["0.0", "1.0", "-0.0"]
     assert table_csv._float_texts(v) == [("" if x != x else s) for x, s in zip(v.tolist(), v.astype(str).tolist())]

@@ -123,7 +123,10 @@ def _float_texts(vals: np.ndarray) -> List[str]:
     nan = np.isnan(vals)
     n = len(vals)
     txt = np.empty(n, dtype=object)
-    txt[:] = per_distinct(repr, vals.tolist())       # repeated values (1.0, 0.0) formatted once
+    if bool(np.any(np.signbit(vals) & (vals == 0))):   # -0.0: a dict key equal to 0.0
+        txt[:] = list(map(repr, vals.tolist()))
+    else:                                              # repeated values (1.0, 0.0) formatted once
+        txt[:] = per_distinct(repr, vals.tolist())
     if n:
         idx = np.unique(np.linspace(0, n - 1, min(n, 64)).astype(np.intp))
         idx = np.concatenate([idx, np.flatnonzero(~nan)[:16], np.flatnonzero(~nan)[-16:]])
