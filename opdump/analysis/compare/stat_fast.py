@@ -10,7 +10,10 @@ per-row stages): the default matchers (no mapping, no kernel dump); every compar
 of both dumps is a statistics row without a tensor file; and, for every iteration pair,
 A's records and B's records are the same sequence of tensors -- equal kind, operator name,
 file name, type, io, slot, call, graph, shape text and dtype class, position by position --
-with (iteration, graph, operator file name, io, slot, call) unique on each side.
+with (iteration, graph, operator file name, io, slot, call) unique on each side.  Where the
+sequences differ (fp32 against bf16 autocast: extra casts), the pairs are those the matchers
+make, computed over the columns (:mod:`.stat_match`), and the tensors left without a partner
+get their rows as the per-row stages give them (:mod:`.stat_onesided`).
 
 Guarantee (tests/test_compare_stat_fastpath.py checks it against the per-row stages): the
 same table (values, dtypes, row order), summary, first difference and first divergence as

@@ -17,10 +17,11 @@ row without a file (the fingerprint of a call is then its statistics, and no ``a
 shown to add nothing: there are no files to compare).
 
 Guarantee (tests/test_compare_stat_match.py checks it against :func:`.match.match`): for one
-rank pair, the same pairs -- the same tensors, the same rule -- in the same order as
-:func:`.match.match` with :func:`.match.default_matchers` makes them, iteration pair by
-iteration pair (aligned order, name, unique signature, then the unpaired tensors marked
-``front-end`` or not).
+rank pair, the same pairs -- the same tensors, the same rule -- as :func:`.match.match` with
+:func:`.match.default_matchers` makes them, iteration pair by iteration pair (aligned order,
+name, unique signature, then the unpaired tensors marked ``front-end`` or not).  Within an
+iteration pair the aligned-order pairs come in A's row order (:mod:`.stat_align`), not the
+matcher's: ``compare`` sorts all pairs by :meth:`.pairs.Pair.sort_key`, one key per tensor.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from .frontend import EXTRA_OUTPUTS, RULE_FRONT_END, canonical_type, is_front_end
 from .match import _fill_gaps, align, pair_by_fingerprint
 from .pairs import RULE_NAME, RULE_ORDER, RULE_SIGNATURE, _base_type, dtype_class, shape_from_text
+from .stat_align import CallTable, aligned
 from .stat_cells import iterations_of, per_distinct
 
 __all__ = ["ColumnSide", "match_rank", "sides_of"]
@@ -82,7 +84,12 @@ def sides_of(sa, sb) -> Optional[Tuple[ColumnSide, ColumnSide]]:
     try:
         fa, fb = _fingerprint_codes(sa, sb)
         codes: Dict[tuple, int] = {}
-        return ColumnSide(sa, codes, fa), ColumnSide(sb, codes, fb)
+        A, B = ColumnSide(sa, codes, fa), ColumnSide(sb, codes, fb)
+        io_rank = {x: k for k, x in enumerate(sorted(set(A.io) | set(B.io)))}
+        big = max(A.slot + B.slot, default=0) + 1
+        A.calls, B.calls = CallTable(A, io_rank, big), CallTable(B, io_rank, big)
+        A.io_rank = B.io_rank = io_rank
+        return A, B
     except (KeyError, TypeError, ValueError, OverflowError):
         return None
 
@@ -283,7 +290,8 @@ def match_rank(A: ColumnSide, B: ColumnSide, it_pairs) -> List[RowPair]:
     out: List[RowPair] = []
     for ia, ib in it_pairs:
         m = _Matching(A, B, pos_a.get(ia, []), pos_b.get(ib, []))
-        _aligned(m, sig_codes)
+        if not aligned(m, sig_codes, A.io_rank):          # numpy passes (.stat_align), else call by call
+            _aligned(m, sig_codes)
         _by_name(m)
         _unique_signature(m, sig_codes)
         out += m.pairs
