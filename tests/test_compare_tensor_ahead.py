@@ -151,3 +151,35 @@ def test_whole_file_read_gives_the_header_index_answer(tmp_path):
                 assert got == want, (p, size)
             if data is not None:
                 assert size == real <= tensor_ahead.WHOLE_MAX and data == open(p, "rb").read()
+
+
+def test_progress_bar_counts_the_pairs_computed_ahead(monkeypatch, dumps):
+    """With ``progress`` the bar (tqdm through common.progress_bar; off a terminal tqdm
+    draws nothing) is advanced by every pair the workers compared ahead, and closed."""
+    from opdump.analysis import common
+    made = []
+    real = common.progress_bar
+
+    class Counting:
+        def __init__(self, bar, total):
+            self.bar, self.total, self.n, self.closed = bar, total, 0, False
+
+        def update(self, k):
+            self.n += k
+            self.bar.update(k)
+
+        def close(self):
+            self.closed = True
+            self.bar.close()
+
+    def bar(enabled, total, desc, unit):
+        b = real(enabled, total, desc, unit)
+        if b is not None:
+            b = Counting(b, total)
+            made.append(b)
+        return b
+    monkeypatch.setattr(common, "progress_bar", bar)
+    seen = _spy_take(monkeypatch)
+    compare(dumps["a"], dumps["perturbed"], progress=True, **POOL)
+    assert seen and made
+    assert made[0].n == made[0].total >= seen[-1][0] > 0 and made[0].closed

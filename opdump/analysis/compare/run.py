@@ -229,7 +229,8 @@ def compare(a: Union[str, os.PathLike, Dump], b: Union[str, os.PathLike, Dump], 
             with gc_running():
                 return run_pairs(tasks, workers, parallel_min, progress)
         fast = tensor_compare(da, db, rank_pairs, iterations, io, include_parameters, thresholds, _check_samples,
-                              _iteration_pairs, _Sources(da, db), _layouts, _metrics, workers, parallel_min)
+                              _iteration_pairs, _Sources(da, db), _layouts, _metrics, workers, parallel_min,
+                              progress)
         if fast is not None:
             return fast
     pairs: List[Pair] = []

@@ -184,8 +184,8 @@ class Ahead:
     """The futures of the speculative batches: :meth:`layouts` waits for them and hands the
     headers the workers read to the header index, :meth:`take` the metrics that match."""
 
-    def __init__(self, executor, futures, batches):
-        self.executor, self.futures, self.batches = executor, futures, batches
+    def __init__(self, executor, futures, batches, progress: bool = False):
+        self.executor, self.futures, self.batches, self.progress = executor, futures, batches, progress
         self.known: Optional[Dict[str, Any]] = None
         self.done: Dict[Tuple[str, str], Tuple[Any, Any, Dict[str, Any]]] = {}
 
@@ -193,12 +193,17 @@ class Ahead:
         if self.known is not None:
             return
         self.known = {}
+        from ..common import progress_bar
+        bar = progress_bar(self.progress, sum(map(len, self.batches)), "compare", "pair")
         try:
             for f, items in zip(self.futures, self.batches):
                 try:
                     lays, results = f.result()
                 except Exception:  # noqa: BLE001 - a worker failed: those files are read again here
                     continue
+                finally:
+                    if bar is not None:
+                        bar.update(len(items))
                 for (pa, _, pb, _), la, lb in zip(items, lays[0::2], lays[1::2]):
                     if la is not None:
                         self.known[pa] = la
@@ -207,6 +212,8 @@ class Ahead:
                 for k, m in results:
                     self.done[(items[k][0], items[k][2])] = (lays[2 * k], lays[2 * k + 1], m)
         finally:
+            if bar is not None:
+                bar.close()
             self.close()
 
     def layouts(self, read):
@@ -256,7 +263,7 @@ def enabled() -> bool:
     return os.environ.get("OPDUMP_COMPARE_AHEAD", "1") != "0"
 
 
-def start(sides, positions, workers: Optional[int], parallel_min: int) -> Optional[Ahead]:
+def start(sides, positions, workers: Optional[int], parallel_min: int, progress: bool = False) -> Optional[Ahead]:
     """Start the workers on the position-by-position pairs, or None when the metric stage would
     not use workers (module doc).  ``sides``: (A records, B records) per rank pair;
     ``positions``: per rank pair, the (A rows, B rows) arrays of each iteration pair."""
@@ -291,7 +298,7 @@ def start(sides, positions, workers: Optional[int], parallel_min: int) -> Option
     except Exception:  # noqa: BLE001 - no pool: the metric stage runs as before
         ex.shutdown(wait=True, cancel_futures=True)
         return None
-    return Ahead(ex, futures, batches)
+    return Ahead(ex, futures, batches, progress)
 
 
 def positions_of(it_a, it_b, it_pairs, positions) -> List[Tuple[np.ndarray, np.ndarray]]:

@@ -118,13 +118,14 @@ def _fingerprints(sa, sb, it_a, it_b, it_pairs) -> bool:
 
 
 def tensor_compare(da, db, rank_pairs, iterations, io, include_parameters, thresholds, check_samples,
-                   iteration_pairs, sources, layouts, run_metrics, workers=None, parallel_min=64) -> Optional[Any]:
+                   iteration_pairs, sources, layouts, run_metrics, workers=None, parallel_min=64,
+                   progress=False) -> Optional[Any]:
     """The :class:`.result.CompareResult` of a tensor-file compare built column-wise, or None
     when this path does not apply (module doc).  ``check_samples``, ``iteration_pairs``,
     ``sources`` and ``layouts`` are ``compare``'s own helpers; ``run_metrics(tasks)`` gives
     the metrics of compare's tasks by index (:func:`.pool.run_pairs`); ``workers`` and
     ``parallel_min`` its pool's, with which the workers start on the files position by
-    position while the headers are read and the pairs made (:mod:`.tensor_ahead`)."""
+    position before the pairs are made (:mod:`.tensor_ahead`; ``progress``: its bar)."""
     if not enabled():
         return None
     raw = usable_sides(da, db, rank_pairs, io, include_parameters, check_samples, _usable)
@@ -136,7 +137,7 @@ def tensor_compare(da, db, rank_pairs, iterations, io, include_parameters, thres
         its.append((it_a, it_b, iteration_pairs_of(it_a, it_b, iterations, iteration_pairs)))
     from . import tensor_ahead
     ahead = tensor_ahead.start(raw, [tensor_ahead.positions_of(a, b, p, _positions) for a, b, p in its],
-                               workers, parallel_min)
+                               workers, parallel_min, progress)
     try:
         return _columns(da, db, raw, its, rank_pairs, thresholds, sources, layouts, run_metrics, ahead)
     finally:
