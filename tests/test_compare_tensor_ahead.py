@@ -183,3 +183,29 @@ def test_progress_bar_counts_the_pairs_computed_ahead(monkeypatch, dumps):
     compare(dumps["a"], dumps["perturbed"], progress=True, **POOL)
     assert seen and made
     assert made[0].n == made[0].total >= seen[-1][0] > 0 and made[0].closed
+
+
+def test_not_started_where_the_column_wise_pairing_steps_aside(monkeypatch, tmp_path, dumps):
+    """An operator on one side only (a different row count) or renamed: the per-pair stages
+    pair the records, so nothing is computed ahead to be thrown away."""
+    from analysis_fixtures import file_of
+    started = []
+    real = tensor_ahead.start
+
+    def spy(*a, **k):
+        r = real(*a, **k)
+        started.append(r is not None)
+        return r
+    monkeypatch.setattr(tensor_ahead, "start", spy)
+    extra = make_dump(tmp_path / "extra", iterations=(0, 1, 2), extra_op=True)
+    _, _, taken = _both(monkeypatch, tmp_path, dumps["a"], extra, **POOL)
+    assert not taken and started == [False]
+    renamed = _copy(dumps["perturbed"], tmp_path / "renamed")
+    p = file_of(renamed, "Default/Net/relu-op2", "output", 0)
+    p.rename(p.with_name(p.name.replace("relu", "gelu")))
+    started.clear()
+    _, _, taken = _both(monkeypatch, tmp_path, dumps["a"], renamed, **POOL)
+    assert not taken and started == [False]
+    started.clear()
+    _, _, taken = _both(monkeypatch, tmp_path, dumps["a"], dumps["perturbed"], **POOL)
+    assert taken and started == [True]

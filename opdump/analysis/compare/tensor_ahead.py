@@ -273,7 +273,7 @@ def start(sides, positions, workers: Optional[int], parallel_min: int, progress:
         return None
     items: List[Tuple[str, int, str, int]] = []
     for (sa, sb), blocks in zip(sides, positions):
-        if "nbytes" not in sa.columns or "nbytes" not in sb.columns:
+        if blocks is None or "nbytes" not in sa.columns or "nbytes" not in sb.columns or not _alike(sa, sb, blocks):
             return None
         pa_all, pb_all = sa["path"].to_numpy(dtype=object), sb["path"].to_numpy(dtype=object)
         na_all, nb_all = sa["nbytes"].to_numpy(dtype=object), sb["nbytes"].to_numpy(dtype=object)
@@ -301,12 +301,36 @@ def start(sides, positions, workers: Optional[int], parallel_min: int, progress:
     return Ahead(ex, futures, batches, progress)
 
 
-def positions_of(it_a, it_b, it_pairs, positions) -> List[Tuple[np.ndarray, np.ndarray]]:
-    """(A rows, B rows) of each iteration pair (``positions``: :func:`.stat_fast._positions`)."""
+def positions_of(it_a, it_b, it_pairs, positions) -> Optional[List[Tuple[np.ndarray, np.ndarray]]]:
+    """(A rows, B rows) of each iteration pair (``positions``: :func:`.stat_fast._positions`), or
+    None when an iteration pair holds a different number of rows on each side (the column-wise
+    compare then steps aside: nothing to start)."""
     pos_a, pos_b = positions(it_a), positions(it_b)
     out = []
     for ia, ib in it_pairs:
         ra, rb = pos_a.get(ia), pos_b.get(ib)
+        if (0 if ra is None else len(ra)) != (0 if rb is None else len(rb)):
+            return None
         if ra is not None and rb is not None:
             out.append((ra, rb))
     return out
+
+
+#: columns the column-wise pairing requires equal position by position (.stat_fast._SAME)
+_SAME = ("kind", "op", "op_file", "op_type", "io", "slot", "call", "graph")
+
+
+def _alike(sa, sb, blocks) -> bool:
+    """Whether A's and B's rows agree position by position in the columns the column-wise
+    pairing requires equal before it reads any header: when they do not, that path steps
+    aside and the per-pair stages pair the records -- work started ahead would be wasted."""
+    if not blocks:
+        return True
+    ai = np.concatenate([ra for ra, _ in blocks])
+    bi = np.concatenate([rb for _, rb in blocks])
+    for c in _SAME:
+        if c not in sa.columns or c not in sb.columns:
+            return False
+        if not bool(np.all(sa[c].to_numpy(dtype=object)[ai] == sb[c].to_numpy(dtype=object)[bi])):
+            return False
+    return True
