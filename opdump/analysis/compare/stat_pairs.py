@@ -331,16 +331,19 @@ def _call_keys(c) -> List[tuple]:
 
 
 def _first_divergence(sp: StatPairs, sources):
-    """:func:`.first.first_divergence` on the pairs it can look at: the diverged and
-    nondeterministic ones, and every pair of the first diverged operator's call."""
+    """:func:`.first.first_divergence` on the pairs it can look at: the nondeterministic ones
+    before the first diverged operator, the diverged parameters, and every pair of the first
+    diverged operator's call (the other diverged operators change nothing it reports)."""
     c = sp.cols
     n = len(c["verdict"])
-    idx = np.flatnonzero(_mask(map(_DIVERGED.__contains__, c["verdict"]), n)).tolist()
-    first = next((i for i in idx if c["verdict"][i] == "diverged" and c["kind"][i] == "op"), None)
+    verdict, kind = c["verdict"], c["kind"]
+    idx = np.flatnonzero(_mask(map(_DIVERGED.__contains__, verdict), n)).tolist()
+    first = next((i for i in idx if verdict[i] == "diverged" and kind[i] == "op"), None)
     if first is not None:
         keys = _call_keys(c)
         same_call = np.flatnonzero(_mask(map(keys[first].__eq__, keys), n)).tolist()
-        idx = sorted(set(idx) | set(same_call))
+        idx = sorted({i for i in idx if (verdict[i] == "nondeterministic" and i < first)
+                      or (verdict[i] == "diverged" and kind[i] != "op")} | set(same_call))
     return first_divergence(sp.tensors(idx), sources)
 
 
