@@ -14,6 +14,7 @@ told apart by (io, slot) on both sides (no two rows of one call with the same io
 """
 from __future__ import annotations
 
+from itertools import compress
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -21,6 +22,7 @@ import numpy as np
 from .frontend import EXTRA_OUTPUTS, canonical_type
 from .match import _fill_gaps, align, pair_by_fingerprint
 from .pairs import RULE_NAME, RULE_ORDER, _base_type
+from .stat_cells import per_distinct
 
 __all__ = ["CallTable", "aligned"]
 
@@ -44,20 +46,22 @@ class CallTable:
 
     def __init__(self, s, io_rank: Dict[str, int], big: int):
         """``big``: more than any slot of either side (the key of (call, io, slot))."""
-        ids: Dict[tuple, int] = {}
-        setdefault = ids.setdefault
-        self.cid = np.asarray([setdefault(k, len(ids)) if kd == "op" else -1
-                               for k, kd in zip(s.call_key, s.kind)], dtype=np.int64)
-        self.n = n = len(ids)
-        op_rows = np.flatnonzero(self.cid >= 0)
+        import pandas as pd
+        is_op = np.fromiter(map("op".__eq__, s.kind), dtype=bool, count=len(s.kind))
+        op_rows = np.flatnonzero(is_op)
+        keys = np.fromiter(compress(s.call_key, is_op.tolist()), dtype=object, count=len(op_rows))
+        codes, uniq = pd.factorize(keys)                          # first seen first
+        self.cid = np.full(len(s.kind), -1, dtype=np.int64)
+        self.cid[op_rows] = codes
+        self.n = n = len(uniq)
         first = np.full(n, -1, dtype=np.int64)
         first[self.cid[op_rows[::-1]]] = op_rows[::-1]          # the smallest row of each call
         self.first = first.tolist()
         self.io_rank = np.asarray([io_rank[x] for x in s.io], dtype=np.int64)
         self.slot = np.asarray(s.slot, dtype=np.int64)
         types = [s.op_type[r] for r in self.first]
-        base = [_base_type(t) for t in types]
-        self.canon = [canonical_type(b) for b in base]
+        base = per_distinct(_base_type, types)
+        self.canon = per_distinct(canonical_type, base)
         self.cut = np.asarray([EXTRA_OUTPUTS.get(b, big) for b in base] or [big], dtype=np.int64)
         ops = [s.op[r] for r in self.first]
         self.op = ops
@@ -81,7 +85,8 @@ class CallTable:
         self.key = np.full(len(self.cid), -1, dtype=np.int64)
         self.key[op_rows] = key
         self.n_io, self.big = n_io, big
-        return len(np.unique(key)) == len(key)
+        k = np.sort(key)
+        return not bool((k[1:] == k[:-1]).any())
 
     def signatures(self, s, ios: frozenset, io_rank: Dict[str, int], sig_codes: Dict[tuple, int]) -> List[int]:
         """Each call's :func:`.frontend.canonical_signature` code (all its rows free)."""

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
+
 from .frontend import EXTRA_OUTPUTS, RULE_FRONT_END, canonical_type, is_front_end
 from .match import _fill_gaps, align, pair_by_fingerprint
 from .pairs import RULE_NAME, RULE_ORDER, RULE_SIGNATURE, _base_type, dtype_class, shape_from_text
@@ -39,8 +41,23 @@ __all__ = ["ColumnSide", "match_rank", "sides_of"]
 RowPair = Tuple[Optional[int], Optional[int], str]
 
 
-def _ints(values: List[Any]) -> List[int]:
+def _ints(ser) -> List[int]:
+    """A column's cells as ``int`` (Tensor's ``int(row[k])``): an integer column as it is."""
+    if ser.dtype.kind in "iu":
+        return ser.to_numpy().tolist()
+    values = ser.tolist()
     return values if all(type(v) is int for v in values) else [int(v) for v in values]
+
+
+def _same(x):
+    return x
+
+
+def _coder(codes: Dict[Any, int], f):
+    """``x -> codes[f(x)]``, a new code for each new ``f(x)`` (the table shared by both sides)."""
+    def code(x):
+        return codes.setdefault(f(x), len(codes))
+    return code
 
 
 def _dclass(d: Any) -> str:
@@ -59,20 +76,27 @@ class ColumnSide:
     """One side's records as plain lists (a Tensor's identity fields, row by row), tensor
     signature codes from a table shared with the other side, fingerprint codes."""
 
-    def __init__(self, rec, codes: Dict[tuple, int], fp: List[int]):
+    def __init__(self, rec, codes: Dict[str, Dict[Any, int]], fp: List[int]):
         self.kind = rec["kind"].tolist()
         self.op = rec["op"].tolist()
         self.op_file = rec["op_file"].tolist()
         self.op_type = rec["op_type"].tolist()
         self.io = rec["io"].tolist()
-        self.slot = _ints(rec["slot"].tolist())
-        self.call = _ints(rec["call"].tolist())
-        self.graph = _ints(rec["graph"].tolist())
+        self.slot = _ints(rec["slot"])
+        self.call = _ints(rec["call"])
+        self.graph = _ints(rec["graph"])
         self.iteration = iterations_of(rec["iteration"])
-        shapes = per_distinct(shape_from_text, rec["shape"].tolist())
-        dcl = per_distinct(_dclass, rec["dtype"].tolist() if "dtype" in rec.columns else [None] * len(rec))
-        setdefault = codes.setdefault
-        self.tsig = [setdefault(k, len(codes)) for k in zip(self.io, self.slot, shapes, dcl)]
+        # Tensor.signature() (io, slot, shape, dtype class) as one int: each part's code in its bits
+        io_c = per_distinct(_coder(codes["io"], _same), self.io)
+        shape_c = per_distinct(_coder(codes["shape"], shape_from_text), rec["shape"].tolist())
+        dcl_c = per_distinct(_coder(codes["dclass"], _dclass),
+                             rec["dtype"].tolist() if "dtype" in rec.columns else [None] * len(rec))
+        slot = np.asarray(self.slot, dtype=np.int64)
+        if (len(slot) and (slot.min() < 0 or slot.max() >= 1 << 20) or len(codes["shape"]) >= 1 << 24
+                or len(codes["io"]) >= 1 << 11 or len(codes["dclass"]) >= 1 << 8):
+            raise ValueError("slot or shape codes out of range")
+        self.tsig = ((np.asarray(io_c, dtype=np.int64) << 52) | (slot << 32)
+                     | (np.asarray(shape_c, dtype=np.int64) << 8) | np.asarray(dcl_c, dtype=np.int64)).tolist()
         self.call_key = list(zip(self.iteration, self.graph, self.op_file, self.call))
         self.fp = fp
         self.n = len(self.kind)
@@ -83,7 +107,7 @@ def sides_of(sa, sb) -> Optional[Tuple[ColumnSide, ColumnSide]]:
     from .stat_fast import _fingerprint_codes
     try:
         fa, fb = _fingerprint_codes(sa, sb)
-        codes: Dict[tuple, int] = {}
+        codes: Dict[str, Dict[Any, int]] = {"io": {}, "shape": {}, "dclass": {}}
         A, B = ColumnSide(sa, codes, fa), ColumnSide(sb, codes, fb)
         io_rank = {x: k for k, x in enumerate(sorted(set(A.io) | set(B.io)))}
         big = max(A.slot + B.slot, default=0) + 1
@@ -142,7 +166,7 @@ class _Matching:
 
     def __init__(self, A: ColumnSide, B: ColumnSide, ra: List[int], rb: List[int]):
         self.A, self.B, self.ra, self.rb = A, B, ra, rb
-        self.ios = frozenset(A.io[i] for i in ra) & frozenset(B.io[j] for j in rb)
+        self.ios = frozenset(map(A.io.__getitem__, ra)) & frozenset(map(B.io.__getitem__, rb))
         self.pairs: List[RowPair] = []
         self.used_a: set = set()
         self.used_b: set = set()
@@ -262,7 +286,7 @@ def _unique_signature(m: _Matching, sig_codes: Dict[tuple, int]) -> None:
 def _front_end(m: _Matching) -> List[RowPair]:
     """:func:`.match.mark_front_end` (no file: no call can be shown to add nothing)."""
     A, B = m.A, m.B
-    paired = ({A.call_key[i] for i in m.used_a}, {B.call_key[j] for j in m.used_b})
+    paired = (set(map(A.call_key.__getitem__, m.used_a)), set(map(B.call_key.__getitem__, m.used_b)))
     out: List[RowPair] = []
     memo: Dict[tuple, bool] = {}
     for side, s, free in ((0, A, m.free_a()), (1, B, m.free_b())):
@@ -280,12 +304,9 @@ def _front_end(m: _Matching) -> List[RowPair]:
 def match_rank(A: ColumnSide, B: ColumnSide, it_pairs) -> List[RowPair]:
     """Every row of A and B (one rank pair) in exactly one pair, iteration pair by iteration
     pair in ``it_pairs`` order, as :func:`.match.match` pairs the tensors of those rows."""
-    pos_a: Dict[Optional[int], List[int]] = {}
-    pos_b: Dict[Optional[int], List[int]] = {}
-    for i, it in enumerate(A.iteration):
-        pos_a.setdefault(it, []).append(i)
-    for j, it in enumerate(B.iteration):
-        pos_b.setdefault(it, []).append(j)
+    from .stat_fast import _positions                  # rows of each iteration, in row order
+    pos_a = {k: v.tolist() for k, v in _positions(A.iteration).items()}
+    pos_b = {k: v.tolist() for k, v in _positions(B.iteration).items()}
     sig_codes: Dict[tuple, int] = {}
     out: List[RowPair] = []
     for ia, ib in it_pairs:
@@ -321,7 +342,6 @@ def row_part(sa, sb, it_pairs):
     """``(A rows, B rows, rules)`` of one rank pair as :mod:`.stat_pairs` takes them (-1 where
     a tensor has no partner: ``Pair(a, None)``/``Pair(None, b)``), in :func:`match_rank`'s
     order, or None when the columns cannot be read as the Tensor fields are."""
-    import numpy as np
     sides = sides_of(sa, sb)
     if sides is None:
         return None
