@@ -12,6 +12,8 @@ operators and the warning when most operators are unmatched.
 """
 from __future__ import annotations
 
+from itertools import compress, repeat
+from operator import and_, eq
 from typing import Any, Dict, List, Optional
 
 import numpy as np
@@ -131,18 +133,11 @@ def call_counts(c: Dict[str, list], n: int):
     """``compare``'s operator counts of pair columns: (calls of A, calls of A with a matched
     pair, the same of B), calls named by (rank, iteration, graph, file name, call)."""
     has_a, has_b = c.get("has_a") or [True] * n, c.get("has_b") or [True] * n
+    both = list(map(and_, has_a, has_b))
     out = []
     for side, keys in ((has_a, ("rank", "iteration", "graph", "op_file", "call", "kind")),
                        (has_b, ("rank_b", "iteration_b", "graph_b", "op_file_b", "call_b", "kind_b"))):
-        all_calls: Dict[tuple, bool] = {}
-        for x, y, here, r, it, g, f, cl, kd in zip(has_a, has_b, side, *(c[k] for k in keys)):
-            if not here or kd != "op":
-                continue
-            k = (r, it, g, f, cl)
-            if x and y:
-                all_calls[k] = True
-            elif k not in all_calls:
-                all_calls[k] = False
-        out += [len(all_calls), sum(all_calls.values())]
+        here = list(map(and_, side, map(eq, repeat("op"), c[keys[-1]])))   # (None == "op": False)
+        calls = list(zip(*(c[k] for k in keys[:-1])))
+        out += [len(set(compress(calls, here))), len(set(compress(calls, map(and_, here, both))))]
     return out
-

@@ -200,11 +200,12 @@ class StatPairs:
         self.cols = {}
         if bool(np.all(order == np.arange(n))):
             self.cols = dict(c)                          # already in table order
-        else:
+        elif n >= 2:                                     # one C-level gather per column (itemgetter)
+            take = operator.itemgetter(*order.tolist())
             for k, v in c.items():
-                arr = np.empty(n, dtype=object)
-                arr[:] = v
-                self.cols[k] = arr[order].tolist()
+                self.cols[k] = list(take(v))
+        else:
+            self.cols = {k: [v[i] for i in order.tolist()] for k, v in c.items()}
         self.sides = sides
         return self
 
