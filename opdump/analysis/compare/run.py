@@ -26,6 +26,7 @@ from .fields import make_tensors
 from .gcpause import gc_paused, gc_running
 from .stat_fast import statistics_compare
 from .stat_match import column_pairs
+from .stat_onesided import unmatched_warning
 from .tensor_fast import tensor_compare
 from .result import CompareResult, rule_of
 from .stat_result import StatCompareResult, with_cells
@@ -34,10 +35,6 @@ from .verdict import Thresholds, judge_metrics, judge_pair, judge_statistics
 
 __all__ = ["compare", "CompareError", "tensors_of_records"]
 
-#: when fewer than this share of the operators of A, and of B, are matched, the result warns:
-#: different models? (one side mostly matched is a subset, e.g. a compiled model against the
-#: whole eager step)
-MIN_MATCHED_SHARE = 0.5
 
 
 class CompareError(ValueError):
@@ -325,13 +322,7 @@ def _result(da, db, pairs: List[Pair], rank_pairs, it_pairs, thresholds, pd) -> 
             unreadable.setdefault(path, str(p.metrics.get("error", "")).replace(f"cannot read {path}: ", ""))
     (n_a, m_a), (n_b, m_b) = _call_counts(pairs, True), _call_counts(pairs, False)
     ops = {"calls_a": n_a, "matched_a": m_a, "calls_b": n_b, "matched_b": m_b}
-    warnings = []
-    share = max(ops["matched_a"] / ops["calls_a"] if ops["calls_a"] else 1.0,
-                ops["matched_b"] / ops["calls_b"] if ops["calls_b"] else 1.0)
-    if share < MIN_MATCHED_SHARE:          # both sides mostly unmatched (one side a subset is fine: eager vs graph)
-        warnings.append(f"most operators are unmatched ({ops['matched_a']} of {ops['calls_a']} in A, "
-                        f"{ops['matched_b']} of {ops['calls_b']} in B matched): A and B may come from different "
-                        "models or programs")
+    warnings = unmatched_warning(ops)      # both sides mostly unmatched (one side a subset is fine: eager vs graph)
     # rows as lists (Pair.table_values, TABLE_COLUMNS order): the same frame as from one dict
     # per pair (pandas infers each column's dtype from the same objects), built faster
     cells = table_cells(pairs) if pathless(pairs) else None      # statistics only: columns (.stat_rows)
