@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
-from ..reader.bincache import source as on_disk
+from ..reader.bincache import sources as on_disk_all
 from ..reader.npy import dtype_name
 from .fields import make_tensors
 from .pairs import METRIC_COLUMNS, TABLE_COLUMNS, Pair
@@ -145,8 +145,7 @@ def _table(tp: TensorPairs, pd):
         "io": c["io"], "slot": c["slot"], "call": c["call"], "match": c["match"], "mode": c["mode"],
         "verdict": c["verdict"], "reason": c["reason"], "identical": c["identical"],
         "dtype_a": c["dtype_a"], "dtype_b": c["dtype_b"], "shape_a": c["shape_a"], "shape_b": c["shape_b"],
-        "source": c["source"], "path_a": per_distinct(on_disk, c["path_a"]),
-        "path_b": per_distinct(on_disk, c["path_b"])}
+        "source": c["source"], "path_a": on_disk_all(c["path_a"]), "path_b": on_disk_all(c["path_b"])}
     for k in METRIC_COLUMNS:
         data[k] = list(map(operator.methodcaller("get", k), m))
     direct = {"order": np.arange(n, dtype=np.int64),       # _result: range(len(table)), Int64 iterations

@@ -121,6 +121,14 @@ def source(path: str) -> str:
     return f"{e.bin_path}:{e.info.kind}.{e.info.index}" if e is not None else path
 
 
+def sources(paths: List[str]) -> List[str]:
+    """:func:`source` of each path: the list itself when no bin tensor is registered (the
+    common case: a compare table's 65,000 paths are not looked up one by one)."""
+    if not _ENTRIES:
+        return paths
+    return [source(p) for p in paths]
+
+
 def host_header(path: str) -> Optional[Tuple[Tuple[int, ...], np.dtype]]:
     """(shape, dtype) of a registered bin tensor, from its bin header; None for other paths."""
     e = entry(path)
