@@ -182,7 +182,7 @@ def _read_well_formed(path: Path, memo: Optional[Dict[tuple, List[Any]]] = None
     if got is None:
         return None
     header, cols, n = got
-    if any(not x.strip() for x in cols[0]):
+    if not all(map(str.strip, cols[0])):        # any(not x.strip() ...) in one C-level pass
         return None                              # maybe a blank row: the loop skips those
     keys = [_STRUCT_COLUMNS.get(h) or STAT_COLUMNS.get(h) or h for h in header]
     errors: Dict[int, List[str]] = {}
