@@ -94,18 +94,20 @@ def measure_graph(bench: Bench, name: str, eager: dict) -> dict:
     return {**eager, "rows": rows}
 
 
-def _alternating_cpu(rounds: int, plain, watched, before=None, after=None):
-    """Median ``time.process_time`` of ``plain()`` and of ``watched()`` (``before``/``after``
-    around each watched step, untimed), one of each per round, the order swapped every round."""
+def _alternating_cpu(rounds: int, plain, watched, before=None, after=None, clock=time.process_time):
+    """Median ``clock()`` time of ``plain()`` and of ``watched()`` (``before``/``after``
+    around each watched step, untimed), one of each per round, the order swapped every round.
+    ``clock``: ``time.process_time`` (every thread: the writer's work counts) or
+    ``time.thread_time`` (the training thread alone)."""
     import statistics
     times = {False: [], True: []}
     for r in range(rounds):
         for side in ((False, True) if r % 2 else (True, False)):
             if side and before is not None:
                 before()
-            t0 = time.process_time()
+            t0 = clock()
             (watched if side else plain)()
-            times[side].append(time.process_time() - t0)
+            times[side].append(clock() - t0)
             if side and after is not None:
                 after()
     return statistics.median(times[False]), statistics.median(times[True])
@@ -133,8 +135,9 @@ class _IdleWatch:
 
 
 def eager_cpu_ab(names, rounds: int, floor: bool = False) -> list:
-    """The eager rows' focused reading: one torch thread, ``time.process_time`` per step,
-    plain and watched steps alternating in one process (the capture toggled around each
+    """The eager rows' focused reading: one torch thread, ``time.process_time`` per step (then
+    ``time.thread_time``: the training thread alone, the writer's jobs left out), plain and
+    watched steps alternating in one process (the capture toggled around each
     watched step, as :class:`bench.modes.EagerToggle` does), medians.  CPU time is what a
     neighbour's load disturbs least on a shared machine; returns one dict per model.
     ``floor``: the watch does nothing per operator (:class:`_IdleWatch`)."""
@@ -164,14 +167,18 @@ def eager_cpu_ab(names, rounds: int, floor: bool = False) -> list:
                     toggle.exit()
                 base, watch = _alternating_cpu(rounds, lambda: w.step(), lambda: w.step(),
                                                before=toggle.enter, after=toggle.exit)
+                session.writer.flush()
+                t_base, t_watch = _alternating_cpu(rounds, lambda: w.step(), lambda: w.step(),
+                                                   before=toggle.enter, after=toggle.exit, clock=time.thread_time)
             finally:
                 session.__exit__(None, None, None)
         counts = getattr(toggle.cap, "native_watch_counts", None)
         out.append({"name": name, "plain_ms": base * 1e3, "watch_ms": watch * 1e3, "ratio": watch / base,
-                    "load": os.getloadavg()[0], "native_counts": counts})
+                    "thread_ratio": t_watch / t_base, "load": os.getloadavg()[0], "native_counts": counts})
         log(f"[{name}] eager CPU time: plain {base * 1e3:.1f} ms, watch{' (floor)' if floor else ''} "
-            f"{watch * 1e3:.1f} ms, {watch / base:.2f}x (load {os.getloadavg()[0]:.2f}; native read/handed/copied "
-            f"{counts})")
+            f"{watch * 1e3:.1f} ms, {watch / base:.2f}x; training thread alone: plain {t_base * 1e3:.1f} ms, "
+            f"watch {t_watch * 1e3:.1f} ms, {t_watch / t_base:.2f}x (load {os.getloadavg()[0]:.2f}; "
+            f"native read/handed/copied {counts})")
     return out
 
 
