@@ -18,6 +18,7 @@ between ``<!-- overflow-watch: begin -->`` and ``<!-- overflow-watch: end -->`` 
 
     .venv/bin/python bench/overflow_watch.py [--models transformer,alexnet] [--out BENCHMARKS.md]
     .venv/bin/python bench/overflow_watch.py --eager-cpu 15     # eager only, CPU time, 1 thread
+    .venv/bin/python bench/overflow_watch.py --eager-cpu 15 --floor   # ... the watch idle per operator
     .venv/bin/python bench/overflow_watch.py --graph-cpu 15     # graph watch vs aot_eager, CPU time, 1 thread
 """
 from __future__ import annotations
@@ -93,39 +94,66 @@ def measure_graph(bench: Bench, name: str, eager: dict) -> dict:
     return {**eager, "rows": rows}
 
 
-def _alternating_cpu(rounds: int, plain, watched, before=None, after=None):
-    """Median ``time.process_time`` of ``plain()`` and of ``watched()`` (``before``/``after``
-    around each watched step, untimed), one of each per round, the order swapped every round."""
+def _alternating_cpu(rounds: int, plain, watched, before=None, after=None, clock=time.process_time):
+    """Median ``clock()`` time of ``plain()`` and of ``watched()`` (``before``/``after``
+    around each watched step, untimed), one of each per round, the order swapped every round.
+    ``clock``: ``time.process_time`` (every thread: the writer's work counts) or
+    ``time.thread_time`` (the training thread alone)."""
     import statistics
     times = {False: [], True: []}
     for r in range(rounds):
         for side in ((False, True) if r % 2 else (True, False)):
             if side and before is not None:
                 before()
-            t0 = time.process_time()
+            t0 = clock()
             (watched if side else plain)()
-            times[side].append(time.process_time() - t0)
+            times[side].append(clock() - t0)
             if side and after is not None:
                 after()
     return statistics.median(times[False]), statistics.median(times[True])
 
 
-def eager_cpu_ab(names, rounds: int) -> list:
-    """The eager rows' focused reading: one torch thread, ``time.process_time`` per step,
-    plain and watched steps alternating in one process (the capture toggled around each
+class _IdleWatch:
+    """``--floor``: the native eager path with the watch doing nothing per operator, to measure
+    what the observer, the hooks and the iteration ends cost without it (bench only, restored
+    on exit).  Python's rules answer "always finite" for every operator (watch.h ``kAlways``:
+    no reading, no copy, no proof, nothing handed over) and no operator type is handed to
+    Python as uninitialized; the capture's counters then read (0, 0, 0)."""
+
+    def __enter__(self):
+        from opdump.capture.eager.native import watch as W
+        from opdump.debug import overflow_rules as R
+        self._saved = (W.NativeWatch._native_watch_kind, R.UNINITIALIZED)
+        W.NativeWatch._native_watch_kind = lambda self, qualname, overload, values: 4
+        R.UNINITIALIZED = frozenset()
+        return self
+
+    def __exit__(self, *exc):
+        from opdump.capture.eager.native import watch as W
+        from opdump.debug import overflow_rules as R
+        W.NativeWatch._native_watch_kind, R.UNINITIALIZED = self._saved
+
+
+def eager_cpu_ab(names, rounds: int, floor: bool = False) -> list:
+    """The eager rows' focused reading: one torch thread, ``time.process_time`` per step (then
+    ``time.thread_time``: the training thread alone, the writer's jobs left out), plain and
+    watched steps alternating in one process (the capture toggled around each
     watched step, as :class:`bench.modes.EagerToggle` does), medians.  CPU time is what a
-    neighbour's load disturbs least on a shared machine; returns one dict per model."""
+    neighbour's load disturbs least on a shared machine; returns one dict per model.
+    ``floor``: the watch does nothing per operator (:class:`_IdleWatch`)."""
+    import contextlib
     import tempfile
     import warnings
     import opdump
     from bench import dumps as D
     from bench.modes import EagerToggle, eager_capture_class
     torch.set_num_threads(1)
+    idle = _IdleWatch() if floor else contextlib.nullcontext()
     cls, _ = eager_capture_class()
     out = []
     for name in names:
         folder = tempfile.mkdtemp(prefix="opdump-ovw-")
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), idle:
             warnings.simplefilter("ignore")
             session = opdump.Session(D.write_config(folder, os.path.join(folder, "dump"), **WATCH))
             session.__enter__()
@@ -139,12 +167,18 @@ def eager_cpu_ab(names, rounds: int) -> list:
                     toggle.exit()
                 base, watch = _alternating_cpu(rounds, lambda: w.step(), lambda: w.step(),
                                                before=toggle.enter, after=toggle.exit)
+                session.writer.flush()
+                t_base, t_watch = _alternating_cpu(rounds, lambda: w.step(), lambda: w.step(),
+                                                   before=toggle.enter, after=toggle.exit, clock=time.thread_time)
             finally:
                 session.__exit__(None, None, None)
+        counts = getattr(toggle.cap, "native_watch_counts", None)
         out.append({"name": name, "plain_ms": base * 1e3, "watch_ms": watch * 1e3, "ratio": watch / base,
-                    "load": os.getloadavg()[0]})
-        log(f"[{name}] eager CPU time: plain {base * 1e3:.1f} ms, watch {watch * 1e3:.1f} ms, "
-            f"{watch / base:.2f}x (load {os.getloadavg()[0]:.2f})")
+                    "thread_ratio": t_watch / t_base, "load": os.getloadavg()[0], "native_counts": counts})
+        log(f"[{name}] eager CPU time: plain {base * 1e3:.1f} ms, watch{' (floor)' if floor else ''} "
+            f"{watch * 1e3:.1f} ms, {watch / base:.2f}x; training thread alone: plain {t_base * 1e3:.1f} ms, "
+            f"watch {t_watch * 1e3:.1f} ms, {t_watch / t_base:.2f}x (load {os.getloadavg()[0]:.2f}; "
+            f"native read/handed/copied {counts})")
     return out
 
 
@@ -230,6 +264,9 @@ def main(argv=None) -> int:
     ap.add_argument("--notes", default=None, help="a file whose lines are appended to the block (findings)")
     ap.add_argument("--eager-cpu", type=int, default=0, metavar="ROUNDS",
                     help="only the eager watch's single-thread CPU-time A/B (ROUNDS pairs); BENCHMARKS.md untouched")
+    ap.add_argument("--floor", action="store_true",
+                    help="with --eager-cpu: the watch does nothing per operator (the observer's, hooks' and "
+                         "iteration ends' own cost)")
     ap.add_argument("--graph-cpu", type=int, default=0, metavar="ROUNDS",
                     help="only the graph watch's single-thread CPU-time A/B against aot_eager; BENCHMARKS.md untouched")
     args = ap.parse_args(argv)
@@ -237,7 +274,7 @@ def main(argv=None) -> int:
         graph_cpu_ab(list(filter(None, args.models.split(","))), args.graph_cpu)
         return 0
     if args.eager_cpu:
-        eager_cpu_ab(list(filter(None, args.models.split(","))), args.eager_cpu)
+        eager_cpu_ab(list(filter(None, args.models.split(","))), args.eager_cpu, floor=args.floor)
         return 0
     import subprocess
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,

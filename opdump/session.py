@@ -46,7 +46,8 @@ from .format import layout as fmt
 from .write.dump_folder import open_rank_folder
 from .write.acl_layout import AclLayout, open_acl_folder
 from .write.layout import Layout
-from .write.manifest import Manifest, iteration_ranges
+from .write.iteration_set import IterationSet
+from .write.manifest import Manifest
 from .write.run_metadata import write_run_metadata
 from .write.safe_fs import DumpTree
 from .write.writer import BackgroundWriter
@@ -141,7 +142,7 @@ class Session:
         self._forward_seen: Set[int] = set()
         self._step_driver = StepDriverProbe()      # a live optimizer will end this step
         self._graph_iterations: Dict[int, Set[int]] = {}
-        self._dumped_iterations: Set[int] = set()
+        self._dumped_iterations = IterationSet()     # ranges, O(1) per iteration (manifest.json)
         self._iteration_end_hooks: List[Callable[[int], None]] = []
         self._close_hooks: List[Callable[[], None]] = []
         self._hook_handle = None
@@ -432,7 +433,7 @@ class Session:
         doc = {
             "complete": complete,
             "tool": "opdump", "version": __version__, "pid": os.getpid(),
-            "dumped_iterations": iteration_ranges(self._dumped_iterations),
+            "dumped_iterations": self._dumped_iterations.text(),
             "iteration_in_progress": self.iteration if running else None,
             "on_disk_through": self._on_disk_through,
             "files_written": tree.files_written, "bytes_written": tree.bytes_written,

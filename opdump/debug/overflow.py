@@ -87,11 +87,23 @@ class _Call:
         self.private, self.where = private, where
 
 
+def write_summaries(layout, targets, iteration: int, limit: int, complete: bool) -> None:
+    """Render and write ``overflow.json``/``overflow.csv`` of each ``(folder, events)`` in
+    ``targets``, each file whole (``Layout.write_small``: temp + rename, errors reported to the
+    session, never raised).  Runs in a writer job when the watch has ``submit``: the summaries
+    of an iteration are then on disk once the writer has run the jobs queued at its end (the
+    session's lag wait, ``flush``, close), off the training thread."""
+    for folder, evs in targets:
+        layout.write_small(layout.place(folder, OVERFLOW_JSON), render_json(iteration, limit, complete, evs))
+        layout.write_small(layout.place(folder, OVERFLOW_CSV), render_csv(evs))
+
+
 class OverflowWatch(CpuPath, DevicePath):
     """Watches operators in execution order.  ``record(op, inputs, outputs)`` (or, for an
     operator added with ``where``, ``record(op, inputs, outputs, where)``) dumps an
     overflowing operator; ``folder()`` is the folder of the eager iteration (None: only the
-    folders given by :meth:`touch` get a summary); ``layout()`` writes the summaries."""
+    folders given by :meth:`touch` get a summary); ``layout()`` writes the summaries, in a job
+    given to ``submit`` (the session writer's) when there is one (:func:`write_summaries`)."""
 
     #: CPU operators read and judged as they return (:mod:`.overflow_now`); False: held and
     #: judged by batch like device operators (the tests compare both paths on the CPU)
@@ -103,8 +115,10 @@ class OverflowWatch(CpuPath, DevicePath):
     #: reading (or a pooled copy) costs less than the rules' Python
     BOUND_MIN = 8192
 
-    def __init__(self, limit: int, record: Callable, folder: Optional[Callable[[], str]], layout: Callable):
+    def __init__(self, limit: int, record: Callable, folder: Optional[Callable[[], str]], layout: Callable,
+                 submit: Optional[Callable[[Callable[[], None]], object]] = None):
         self.limit = int(limit)
+        self._submit = submit                  # the session writer's submit (None: summaries written here)
         self.dumped = 0                        # overflowing operators recorded this session
         self._record = record
         self._folder = folder
@@ -367,11 +381,13 @@ class OverflowWatch(CpuPath, DevicePath):
             # last optimizer step opens runs none) or that has an event of its own
             if self._folder is not None and ((not touched and (ran or broken)) or any(w is None for w, _ in events)):
                 targets.append((self._folder(), [e for ew, e in events if ew is None]))
-            layout = self._layout() if targets else None
-            for folder, evs in targets:
-                layout.write_small(layout.place(folder, OVERFLOW_JSON), render_json(iteration, self.limit,
-                                                                                    not broken, evs))
-                layout.write_small(layout.place(folder, OVERFLOW_CSV), render_csv(evs))
+            if targets:
+                layout = self._layout()
+                job = lambda: write_summaries(layout, targets, iteration, self.limit, not broken)  # noqa: E731
+                if self._submit is None:
+                    job()
+                else:       # rendered and written by the writer (queued before the iteration's lag mark)
+                    self._submit(job)
         except Exception as exc:   # noqa: BLE001
             self._fail(exc)
             self._broken = False

@@ -49,7 +49,8 @@ class _SessionWatch:
 
     def __init__(self, session):
         self.session = session
-        self.watch = OverflowWatch(session.config.overflow_number, self._record, None, lambda: session.layout)
+        self.watch = OverflowWatch(session.config.overflow_number, self._record, None, lambda: session.layout,
+                                   submit=lambda job: session.writer.submit(job))
         session.on_iteration_end(self.watch.finish)
         session.on_close(self._close)
 

@@ -148,7 +148,8 @@ class EagerCapture(NativeEager, OperatorPath):
         if cfg.op_debug_mode == 3:
             from ...debug.overflow import OverflowWatch
             self._overflow = OverflowWatch(cfg.overflow_number, self._record_overflow,
-                                           lambda: self._folder(self._watched), lambda: session.layout)
+                                           lambda: self._folder(self._watched), lambda: session.layout,
+                                           submit=lambda job: session.writer.submit(job))
         self._watched: Optional[IterationState] = None
         # op_debug_mode 4: operators run inside try; one that raises goes to the exception dump
         self._exception = session.exception_dump

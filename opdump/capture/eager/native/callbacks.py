@@ -2,7 +2,7 @@
 per new operator name, per tensor the native memo does not read, per parameter owner)."""
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -15,27 +15,39 @@ from ..state import Phase
 from ..values import flat_tensors, has_nonfinite_arg, non_tensor_args
 
 
+_NO_DEFAULT = object()
+#: per operator overload, its schema's arguments as (kwarg_only, name, default or _NO_DEFAULT):
+#: ``func._schema.arguments`` builds new Python objects at every access (~30 us a call, and the
+#: watch's proofs split arguments hundreds of times a step)
+_SPECS: Dict[Any, Tuple[Tuple[bool, str, Any], ...]] = {}
+
+
+def _specs(func) -> Tuple[Tuple[bool, str, Any], ...]:
+    specs = _SPECS.get(func)
+    if specs is None:
+        specs = _SPECS[func] = tuple((a.kwarg_only, a.name, a.default_value if a.has_default_value() else _NO_DEFAULT)
+                                     for a in func._schema.arguments)
+    return specs
+
+
 def split_args(func, values: List[Any]):
     """``(args, kwargs)`` as a dispatch mode receives them from the full argument list: kwarg-only
     arguments by name unless they hold their default, trailing defaulted positional ones left out."""
-    schema = func._schema
-    arguments = schema.arguments
     positional, kwargs = [], {}
-    for arg, value in zip(arguments, values):
-        if arg.kwarg_only:
-            if not _is_default(arg, value):
-                kwargs[arg.name] = value
+    for spec, value in zip(_specs(func), values):
+        if spec[0]:
+            if not _is_default(spec[2], value):
+                kwargs[spec[1]] = value
         else:
-            positional.append((arg, value))
+            positional.append((spec[2], value))
     while positional and _is_default(*positional[-1]):
         positional.pop()
     return [v for _, v in positional], kwargs
 
 
-def _is_default(arg, value) -> bool:
-    if not arg.has_default_value():
+def _is_default(default, value) -> bool:
+    if default is _NO_DEFAULT:
         return False
-    default = arg.default_value
     if isinstance(value, torch.Tensor) or isinstance(default, torch.Tensor):
         return False
     return type(default) is type(value) and default == value

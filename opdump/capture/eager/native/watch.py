@@ -34,6 +34,18 @@ def _func(qualname: str, overload: str):
     return func
 
 
+_BOUNDS: tuple = ()
+
+
+def _bounds() -> tuple:
+    """(output_bound, proven_finite) of :mod:`opdump.debug.overflow_bounds`, imported at first use
+    (once: the proofs ask hundreds of times a step, and an import statement costs each time)."""
+    global _BOUNDS
+    from ....debug.overflow_bounds import output_bound, proven_finite
+    _BOUNDS = (output_bound, proven_finite)
+    return _BOUNDS
+
+
 class NativeWatch:
     """Mixed into :class:`.path.NativeEager`: the overflow watch's side of the native path."""
 
@@ -80,16 +92,16 @@ class NativeWatch:
         readings), when they prove the outputs finite (then they are not read, and an in-place
         operator, asked before it runs, needs no pre-write copy); else None.  The same rules
         the Python watch applies (``CpuPath._prove_before``/``_out_bound``)."""
-        from ....debug.overflow_bounds import output_bound, proven_finite
         if not self._overflow.BOUNDS:       # the rules switched off (as the Python watch honours it)
             return None
+        bounds = _BOUNDS or _bounds()
         func = _func(qualname, overload)
         args, kwargs = split_args(func, values)
         if has_nonfinite_arg(args, kwargs):
             return None
         op_type, ovl = facts_of(func).types
-        got = output_bound(op_type, ovl, args, kwargs, self._native_obs.watch_facts)
-        return got if proven_finite(got, outputs) else None
+        got = bounds[0](op_type, ovl, args, kwargs, self._native_obs.watch_facts)
+        return got if bounds[1](got, outputs) else None
 
     def _native_watch_add(self, index, name, qualname, overload, values, saved, outputs, cloned) -> None:
         """An operator the observer could not clear (a non-finite or unread output): the Python
