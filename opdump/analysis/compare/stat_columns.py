@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .pairs import Pair
+from .stat_cells import per_distinct
 
 __all__ = ["judge_statistics", "judge_columns", "nonfinite_codes", "nonfinite_codes_of", "column_of_values"]
 
@@ -225,13 +226,7 @@ def _results(n, md5, nf_diverged, nan_k, worst, worst_all, worst_k, na, nb, valu
     both_md5 = np.zeros(n, bool) if md5_a.count(None) == n or md5_b.count(None) == n else np.fromiter(
         (isinstance(ma, str) and isinstance(mb, str) and bool(ma) and bool(mb) for ma, mb in zip(md5_a, md5_b)),
         dtype=bool, count=n)
-    tol_cache: Dict[Any, float] = {}
-    tol = np.empty(n)
-    for i, d in enumerate(dtype_a):
-        t = tol_cache.get(d)
-        if t is None:
-            t = tol_cache[d] = tolerance(d)
-        tol[i] = t
+    tol = np.asarray(per_distinct(tolerance, list(dtype_a)), dtype=np.float64).reshape(n)  # once per dtype
     diff = np.where(rest, worst_all, 0.0)
     with np.errstate(invalid="ignore"):
         within = diff <= tol
