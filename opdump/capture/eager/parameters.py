@@ -4,7 +4,7 @@ mode: the values the forward uses, written when the root is first called in a du
 iteration; parameters of compiled sub-modules are left to the graph front-end)."""
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -63,12 +63,42 @@ def _named_members(root: torch.nn.Module, modules, attr: str) -> Optional[List[T
     return out
 
 
+#: per root (its id and class text): the walk's shape and the owners it gave (index_parameters)
+_OWNERS: Dict[Tuple[int, str], Tuple[List[Tuple], Dict[int, Tuple]]] = {}
+
+
 def index_parameters(state: IterationState, root: torch.nn.Module, root_class: str) -> None:
     """Record in ``state.owners`` which module owns each parameter, also inside compiled
-    sub-modules, whose modules the hooks do not see."""
+    sub-modules, whose modules the hooks do not see.
+
+    Made once per root while its module tree stays the same (a root entry of every dumped
+    iteration asks again: ~0.1 ms a step on the bench's decoder): the owners are a function of
+    the walk's (path, module, module class, parameter identities) sequence and the root's class
+    text, which are compared each time; a parameter another root of the iteration already owns
+    keeps that owner, as when the walk assigns them one by one."""
+    modules = walk_modules(root, remove_duplicate=False)
+    shape = [(path, id(sub), type(sub), tuple(map(id, sub._parameters.values()))) for path, sub in modules]
+    key = (id(root), root_class)
+    known = _OWNERS.get(key)
+    if known is None or known[0] != shape:
+        if len(_OWNERS) > 256:
+            _OWNERS.clear()
+        known = _OWNERS[key] = (shape, _owners_of(modules, root_class))
+    owners = state.owners
+    if not owners:
+        owners.update(known[1])
+    else:
+        for param, owner in known[1].items():
+            owners.setdefault(param, owner)
+
+
+def _owners_of(modules, root_class: str) -> Dict[int, Tuple]:
+    """id(parameter) -> (id(module), (path, class) pairs, root class) from a walk of a root
+    (remove_duplicate=False): a parameter's first module in the walk owns it."""
+    owners: Dict[int, Tuple] = {}
     classes = {}
     containers = set()                  # ModuleList/ModuleDict: never called, so no scope segment
-    for path, sub in walk_modules(root, remove_duplicate=False):
+    for path, sub in modules:
         if is_compiled_wrapper(sub):
             continue                    # its _orig_mod children carry the names
         clean = path if "_orig_mod" not in path else ".".join(part for part in path.split(".") if part != "_orig_mod")
@@ -77,12 +107,13 @@ def index_parameters(state: IterationState, root: torch.nn.Module, root_class: s
             containers.add(clean)
         pairs = None
         for p in sub._parameters.values():
-            if p is not None and id(p) not in state.owners:
+            if p is not None and id(p) not in owners:
                 if pairs is None:
                     parts = clean.split(".") if clean else []
                     prefixes = [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
                     pairs = tuple((q, classes.get(q, "Module")) for q in prefixes if q not in containers)
-                state.owners[id(p)] = (id(sub), pairs, root_class)
+                owners[id(p)] = (id(sub), pairs, root_class)
+    return owners
 
 
 def parameters_to_dump(session, state: IterationState, listing: Listing,

@@ -98,13 +98,62 @@ bool autograd_input(c10::ArrayRef<c10::IValue> inputs) {
 // autograd node saving/unpacking an output) pushes it back on the stack afterwards, which turns
 // them on again: off again at the next callback (the operator whose keys were computed before
 // reaches the inert mode, which forwards it)
-inline void python_keys_off() {
+// true when they were on (the operator starting now was dispatched with them: it reaches the mode)
+inline bool python_keys_off() {
   if (g->inert) {
     const c10::DispatchKeySet included = c10::impl::tls_local_dispatch_key_set().included_;
     if (included.has(c10::DispatchKey::Python) || included.has(c10::DispatchKey::PythonTLSSnapshot)) {
       c10::impl::tls_set_dispatch_key_included(c10::DispatchKey::Python, false);
       c10::impl::tls_set_dispatch_key_included(c10::DispatchKey::PythonTLSSnapshot, false);
+      return true;
     }
+  }
+  return false;
+}
+
+// a tensor argument carrying a Python dispatch key (a subclass with its own __torch_dispatch__):
+// the call goes to Python's fallback, which must find the mode enabled
+bool python_input(c10::ArrayRef<c10::IValue> inputs) {
+  const c10::DispatchKeySet python(
+      {c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot});
+  auto has = [&](const at::Tensor& t) { return t.defined() && (t.key_set() & python).empty() == false; };
+  for (const c10::IValue& v : inputs) {
+    if (v.isTensor()) {
+      if (has(v.toTensor())) return true;
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList()) if (has(t)) return true;
+    } else if (v.isList()) {
+      for (const c10::IValue& e : v.toListRef()) if (e.isTensor() && has(e.toTensor())) return true;
+    }
+  }
+  return false;
+}
+
+// served iterations: the Python key is excluded from a candidate's start to its end.  Why: with a
+// dispatch mode on the stack (the inert one) and the Python key not excluded, every tensor
+// autograd saves as an operator's output, and every such tensor unpacked later, is detached
+// through the mode (TensorImpl::shallow_copy_and_detach calls the mode's Python detach): ~20 us of
+// Python each, ~40 a step on AlexNet.  Inside an operator (below its RecordFunction: its autograd
+// kernel saving its outputs, its kernel) the Python capture's mode sees nothing of that detach
+// (dispatch.observation_only drops it) and the kernel itself runs with the mode popped, i.e. with
+// no mode enabled, as it does here with the key excluded; a composite operator's branches
+// (isTensorSubclassLike: linear, reshape), taken above any candidate, still see the mode.  Saved
+// outputs unpacked by backward nodes still detach through the mode (a node's formula branches on
+// the mode: no window to exclude it in).  Not for a call dispatched to the Python key (the keys
+// back on after such a detach, python_keys_off; a tensor subclass's argument): Python's fallback
+// then runs the mode, which it must find enabled.
+inline void exclude_python(Ctx* c, const at::RecordFunction& fn, bool python_dispatched) {
+  if (g->inert && !g->probe && !python_dispatched && !c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python) &&
+      !python_input(fn.inputs())) {
+    c10::impl::tls_set_dispatch_key_excluded(c10::DispatchKey::Python, true);
+    c->python_off = true;
+  }
+}
+
+inline void include_python(Ctx* c) {
+  if (c->python_off) {
+    c10::impl::tls_set_dispatch_key_excluded(c10::DispatchKey::Python, false);
+    c->python_off = false;
   }
 }
 
@@ -180,7 +229,7 @@ void watch_end(const at::RecordFunction& fn, Ctx* c) {
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (g == nullptr) return nullptr;
-  python_keys_off();
+  const bool python_dispatched = python_keys_off();
   if (g->paused || g->failed || t_inside) return nullptr;
   // a call made while a dispatch mode of ours handles an operator (the mode is off its stack
   // then: the Python capture's own call of the operator and opdump's work in the probe; the
@@ -192,8 +241,9 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   guarded([&] {
     const c10::DispatchKeySet tls_excluded = c10::impl::tls_local_dispatch_key_set().excluded_;
     // a call made with the Python key excluded (torch.tensor()'s own empty/copy/detach_) never
-    // reaches a dispatch mode: not an operator the Python capture sees
-    if (tls_excluded.has(c10::DispatchKey::Python)) {
+    // reaches a dispatch mode: not an operator the Python capture sees (unless the exclusion is
+    // ours, exclude_python: such a call is judged below as under the Python capture's mode)
+    if (tls_excluded.has(c10::DispatchKey::Python) && (t_candidates.empty() || !t_candidates.back()->python_off)) {
       return;
     }
     // the autograd functionality bit (AutoDispatchBelowADInplaceOrView and inference mode exclude
@@ -314,6 +364,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     }
     if (g->dump_in) record(ctx.get(), 0, g_io_input, flat_in);
   });
+  if (ctx) exclude_python(ctx.get(), fn, python_dispatched);
   return ctx;
 }
 
@@ -322,6 +373,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
   python_keys_off();
   if (raw == nullptr) return;
   Ctx* c = static_cast<Ctx*>(raw);
+  include_python(c);
   if (!c->candidate) return;
   if (!t_candidates.empty() && t_candidates.back() == c) t_candidates.pop_back();
   if (g->failed || t_inside) return;

@@ -61,6 +61,7 @@ struct Ctx : at::ObserverContext {
   bool excluded = false;         // ADInplaceOrView excluded at its start
   bool captured = false;         // named and recorded
   bool top = false;              // a candidate outside everything (its sequence number -> Default)
+  bool python_off = false;       // served: the Python key excluded while it runs (observer.cpp, exclude_python)
   const char* opname = nullptr;
   int phase = -1;
   Overload* ov = nullptr;

@@ -1,0 +1,154 @@
+"""The native eager observer keeps autograd's detaches of saved outputs off Python in the forward
+pass (observer.cpp, exclude_python), and its dump stays the Python capture's.
+
+Why it matters: a served iteration runs under the inert dispatch mode (native/inert.py); with any
+mode on the stack torch detaches every output autograd saves through the mode's Python
+``__torch_dispatch__`` (~20 us each).  The observer excludes the Python key from a candidate
+operator's start to its end, so the saves made by that operator's autograd kernel take plain
+eager's path.  Proven here on a real training step: in a served iteration no detach reaches the
+inert mode during the forward pass (backward nodes still unpack through it), the dump equals the
+Python capture's file by file, and the training's losses equal a run without opdump.
+"""
+import os
+import sys
+
+import pytest
+import torch
+
+from opdump.capture.eager.native import inert, path
+
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, _TESTS)
+from test_native_eager import _observer_built, assert_same_dump, run  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not _observer_built, reason="opdump's native module is not built on this machine")
+
+
+@pytest.fixture(autouse=True)
+def _as_in_a_fresh_eager_process():
+    """As in tests/test_native_eager.py: Dynamo's frame counters set aside while these run."""
+    from torch._dynamo.utils import counters
+    saved = dict(counters["frames"])
+    counters["frames"].clear()
+    yield
+    counters["frames"].update(saved)
+
+
+class Saver(torch.nn.Module):
+    """Operators whose autograd saves their output (sigmoid, tanh, exp): each save is a detach."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(6, 5)
+
+    def forward(self, x):
+        h = self.fc(x)
+        return (h.sigmoid() * h.tanh()).exp().sum()
+
+
+PHASE = {"now": "forward", "detaches": {"forward": 0, "backward": 0}}
+
+
+class CountingInert(inert.InertMode):
+    """The inert mode, counting the detaches that reach it per phase of the step."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.detach.default:
+            PHASE["detaches"][PHASE["now"]] += 1
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+def _training(losses):
+    def make():
+        torch.manual_seed(0)
+        model = Saver()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        batches = [torch.randn(3, 6, generator=torch.Generator().manual_seed(i)) for i in range(4)]
+        it = iter(batches)
+
+        def step():
+            opt.zero_grad()
+            PHASE["now"] = "forward"
+            loss = model(next(it))
+            PHASE["now"] = "backward"
+            loss.backward()
+            PHASE["now"] = "optimizer"
+            PHASE["detaches"].setdefault("optimizer", 0)
+            opt.step()
+            losses.append(loss.item())
+        return step
+    return make
+
+
+def test_served_forward_detaches_no_saved_output_through_python(tmp_path, monkeypatch):
+    monkeypatch.setattr(path, "InertMode", CountingInert)
+    PHASE["detaches"] = {"forward": 0, "backward": 0}
+    nat_losses, py_losses, plain_losses = [], [], []
+    # both runs made from one line (the listing's source stacks hold this test file's lines too)
+    (nat_root, live, warned), (py_root, _, _) = [
+        run(tmp_path / kind, _training(nat_losses if kind == "native" else py_losses), kind == "native",
+            monkeypatch, steps=4) for kind in ("native", "python")]
+    assert not warned, [str(w.message) for w in warned]
+    assert live == [True, True, True, False]        # iterations 1-2 served (3: the last dumped one)
+    # sigmoid, tanh and exp save their outputs in each served forward: none detached through Python
+    assert PHASE["detaches"]["forward"] == 0, PHASE["detaches"]
+    # the backward's unpacks still are (a node's formula branches on the mode): the counter works
+    assert PHASE["detaches"]["backward"] > 0, PHASE["detaches"]
+    assert_same_dump(py_root, nat_root, (0, 1, 2, 3))
+    step = _training(plain_losses)()
+    for _ in range(4):
+        step()
+    assert nat_losses == py_losses == plain_losses
+
+
+class WithSubclass(torch.nn.Module):
+    """From step 2 a tensor subclass with its own ``__torch_dispatch__`` (torch's TwoTensor) meets
+    an operator in the forward: its call carries the Python key, so it must reach the inert mode
+    (which notes it: the observer does not model it) with the mode enabled."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 3)
+        self.step = 0
+
+    def forward(self, x):
+        self.step += 1
+        h = self.fc(x).sigmoid()
+        if self.step >= 3:
+            from torch.testing._internal.two_tensor import TwoTensor
+            pair = TwoTensor(x.detach(), x.detach() * 2)
+            h = h + (pair * 3).a.sum()
+        return h.sum()
+
+
+def _subclass_training(losses):
+    def make():
+        torch.manual_seed(0)
+        model = WithSubclass()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.randn(2, 4, generator=torch.Generator().manual_seed(1))
+
+        def step():
+            opt.zero_grad()
+            loss = model(x)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return step
+    return make
+
+
+def test_a_subclass_call_in_a_served_iteration_reaches_the_mode(tmp_path, monkeypatch):
+    """The call on the subclass is dispatched to the Python key: the observer leaves the Python key
+    alone for it (excluded, torch's fallback would find no mode and skip the inert one): the inert
+    mode sees it, iteration 2 is dropped with one warning, the Python capture serves the rest,
+    and the training's losses are a plain run's."""
+    losses, plain = [], []
+    root, live, warned = run(tmp_path / "native", _subclass_training(losses), True, monkeypatch, steps=4)
+    assert len(warned) == 1 and "reached a dispatch mode" in str(warned[0].message), [str(w.message) for w in warned]
+    assert "iteration 2 is not dumped" in str(warned[0].message)
+    assert live == [True, True, False, False]
+    step = _subclass_training(plain)()
+    for _ in range(4):
+        step()
+    assert losses == plain
