@@ -211,9 +211,6 @@ def _line_of(text):
     return next(i + 1 for i, s in enumerate(src) if text in s)
 
 
-@pytest.mark.xfail(strict=True, reason="dispatch.py registers _get_sequence_nr()-1 after autograd's clone of "
-                   "an in-place op's original input took a number of its own: the in-place op's backward node "
-                   "is never registered (fix proposed in the trial-3 report)")
 def test_backward_of_inplace_division_keeps_its_scope_and_line(tmp_path):
     torch.manual_seed(0)
     dump = _eager_dump(tmp_path, "d", _RouterNet())
