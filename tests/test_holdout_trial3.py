@@ -31,7 +31,8 @@ What broke, each with its regression test here:
   k-1 although iteration k's files were on disk: the manifest was rewritten only at an
   iteration's end, while the counter had not yet moved, so ``opdump ls`` said "interrupted in
   iteration k-1". Now the manifest is rewritten when an iteration writes its first file.
-* (proposed, xfail: ``opdump/capture/eager/dispatch.py`` and the native observer) The
+* (fixed, ``opdump/capture/eager/dispatch.py``: every number taken since the last one
+  registered is the operator's) The
   backward of an in-place operator that makes autograd save its original input
   (``v /= v.sum(...)`` -- Mixtral's router, ``x *= gate`` with a gate requiring grad) is
   named ``Gradients/Default/...`` with the script's ``backward()`` line instead of its
@@ -39,12 +40,12 @@ What broke, each with its regression test here:
   creates the ``DivBackward0`` node, then the ``clone`` of the original input, which gets a
   sequence number of its own; the capture registers ``_get_sequence_nr() - 1`` (the clone's)
   for both operators, so the ``div_`` node's number is never registered.
-* (proposed, xfail: ``opdump/analysis/compare``) ``opdump compare`` of two runs that differ
+* (fixed, ``opdump/analysis/undefined.py``) ``opdump compare`` of two runs that differ
   only in what an ``out=`` destination held before the operator wrote it
   (``torch.mul(h, 0.5, out=buf)``; DDP's reducer does this for every gradient bucket, so
   rank 0 vs rank 1 of a DDP dump names such a ``mul`` as the first difference) reports that
   destination, dumped as an input, as the first difference.
-* (proposed, xfail: ``opdump/analysis/compare``) an input that is an ``empty_like`` output
+* (fixed, ``opdump/analysis/undefined.py``, the listing's ``producers``) an input that is an ``empty_like`` output
   (``inv = torch.empty_like(perm); inv[perm] = arange`` in ``transformers``' MoE code) is
   compared, so two runs of the same MoE model (eager vs compiled) differ "first" at
   ``index_put``: uninitialised memory.
@@ -239,8 +240,6 @@ class _OutNet(nn.Module):
         return self.b(self.scratch).sum()
 
 
-@pytest.mark.xfail(strict=True, reason="the destination of an out= operator is dumped as an input and compared "
-                   "(DDP's reducer: mul.out into each gradient bucket); fix proposed in the trial-3 report")
 def test_compare_ignores_what_an_out_destination_held(tmp_path):
     dumps = []
     for fill in (0.0, 7.0):
@@ -263,8 +262,6 @@ class _EmptyNet(nn.Module):
         return self.fc(x)[:, inv].sum()
 
 
-@pytest.mark.xfail(strict=True, reason="compare judges an input that is an empty_like output (uninitialised); "
-                   "fix proposed in the trial-3 report")
 def test_compare_skips_an_input_that_is_uninitialised_memory(tmp_path):
     torch.manual_seed(0)
     a = _eager_dump(tmp_path, "a", _EmptyNet())

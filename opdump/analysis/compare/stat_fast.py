@@ -41,6 +41,7 @@ from .pairs import RULE_NAME, RULE_ORDER, _base_type, dtype_class, shape_from_te
 from .stat_cells import iterations_of, per_distinct
 from .stat_match import row_part
 from .stat_pairs import StatPairs, finish_result
+from ..undefined import UndefinedInputs
 
 __all__ = ["statistics_compare", "enabled"]
 
@@ -139,7 +140,7 @@ def statistics_compare(da, db, rank_pairs, iterations, io, include_parameters, t
         parts.append(part)
     if not any(((p[0] >= 0) & (p[1] >= 0)).any() for p in parts):
         return None                               # nothing matched: the per-row stages raise
-    sp = StatPairs.build(sides, parts, thresholds)
+    sp = StatPairs.build(sides, parts, thresholds, (UndefinedInputs(da), UndefinedInputs(db)))
     return finish_result(da, db, sp, rank_pairs, all_it, thresholds, sources)
 
 
