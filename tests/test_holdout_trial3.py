@@ -49,7 +49,8 @@ What broke, each with its regression test here:
   (``inv = torch.empty_like(perm); inv[perm] = arange`` in ``transformers``' MoE code) is
   compared, so two runs of the same MoE model (eager vs compiled) differ "first" at
   ``index_put``: uninitialised memory.
-* (proposed, xfail: ``opdump/analysis/compare/match.py``) where one side has an extra call
+* (fixed, ``opdump/analysis/compare/match.py`` ``tie_break``, shared by the column-wise
+  matchers) where one side has an extra call
   with the same scope, type and tensor signature (the compiled Qwen2-MoE drops the unused
   sliding-window mask that eager computes after the causal one; the eager backward of
   ``transformers``' grouped-mm custom op runs four ``transpose`` calls where the compiled
@@ -306,9 +307,6 @@ class _MaskNet(nn.Module):
         return (self.fc(x) * mask).sum()
 
 
-@pytest.mark.xfail(strict=True, reason="aligned order pairs a call with the wrong one of two same-signature "
-                   "calls when only one side has two; the value tie-break only re-pairs aligned calls "
-                   "(fix proposed in the trial-3 report)")
 def test_compare_pairs_the_call_with_equal_values_among_same_signature_calls(tmp_path):
     dumps = []
     for extra in (False, True):
