@@ -57,7 +57,7 @@ What broke, each with its regression test here:
   graph runs one), the aligned order pairs the single call with the wrong one and reports a
   false divergence; the value tie-break only re-pairs among calls already aligned.
 
-* (proposed, xfail: ``opdump/analysis/compare/match.py``) compiled against eager with a scalar
+* (fixed, ``opdump/analysis/compare/detach_lines.py``) compiled against eager with a scalar
   parameter used through ``exp`` (CLIP's ``logit_scale``): the compiled backward's ``detach``
   of the saved ``exp`` output is paired with eager autograd's ``detach`` of the accumulated
   gradient (the only 0-d ``detach`` of that scope on each side) and named the first
@@ -392,9 +392,6 @@ class _Scale(nn.Module):
         return (self.fc(x) * self.scale.exp()).pow(2).mean()
 
 
-@pytest.mark.xfail(strict=True, reason="compare pairs the compiled backward's detach of a saved exp() with eager "
-                   "autograd's detach of the accumulated gradient (one 0-d detach per scope on each side); "
-                   "fix proposed in the trial-3 report")
 def test_compare_compiled_against_eager_with_a_scalar_parameter(tmp_path):
     import torch._dynamo
     dumps = {}

@@ -32,6 +32,7 @@ from .stat_result import StatCompareResult, with_cells
 from .stat_rows import pathless, table_cells
 from .verdict import Thresholds, judge_metrics, judge_pair, judge_statistics
 from ..undefined import UndefinedInputs, undefined_pair
+from .detach_lines import split_detach_pairs
 
 __all__ = ["compare", "CompareError", "tensors_of_records"]
 
@@ -269,6 +270,9 @@ def compare(a: Union[str, os.PathLike, Dump], b: Union[str, os.PathLike, Dump], 
         raise CompareError("A and B have no iteration in common; pair them with --iterations A:B (e.g. 3:4)")
     if not any(p.matched for p in pairs):
         raise CompareError("no tensor of A matches one of B (different models?): nothing compared")
+
+    src = _Sources(da, db)                  # detach pairs of other lines: front-end operators (.detach_lines)
+    pairs = split_detach_pairs(pairs, lambda t: src.of_tensor(da, t), lambda t: src.of_tensor(db, t))
 
     # judge: what needs no data, then tensor metrics
     tasks = []
