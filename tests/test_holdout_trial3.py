@@ -63,7 +63,8 @@ What broke, each with its regression test here:
   gradient (the only 0-d ``detach`` of that scope on each side) and named the first
   divergence -- CLIP's compiled-vs-eager compare reports it at every iteration.
 
-* (proposed, xfail: ``opdump/capture/eager/mode.py``/``scopes.py``) ``opdump run`` of a script
+* (fixed, ``opdump/capture/eager/skipped.py``; the compiled resume function's own naming of
+  the head ``Linear`` after the break is still the root's, xfail) ``opdump run`` of a script
   that compiles a model whose MoE block Dynamo cannot compile (a data-dependent ``continue`` in
   the expert loop: the frame is skipped and runs eagerly) names every operator of that block
   with the root's scope (``Default/_MoeNet/addmm-op12`` instead of
@@ -442,14 +443,12 @@ class _MoeNet(nn.Module):
         return self.head(self.moe(x)).pow(2).mean()
 
 
-@pytest.mark.xfail(strict=True, reason="under a compiled root, module hooks of a sub-module whose frame Dynamo "
-                   "skips run only while Dynamo traces (is_compiling), so the eager capture names the skipped "
-                   "frame's operators with the root's scope; fix proposed in the trial-3 report")
-def test_eagerly_run_submodule_of_a_compiled_model_keeps_its_scope(tmp_path):
-    """``opdump run`` of a script that compiles a model whose MoE block Dynamo skips: the
-    block's operators are captured eagerly (graph 0), and must be named as plain eager names
-    them (``Default/_MoeNet/moe-_Moe/experts.0-Linear/addmm-opN``), not ``Default/_MoeNet/addmm-opN``."""
+@pytest.fixture(scope="module")
+def moe_compiled_dump(tmp_path_factory):
+    """A compiled ``_MoeNet`` whose MoE frame Dynamo skips, with the eager capture on: the
+    ``addmm`` names of each graph folder (graph 0: the eager capture's)."""
     import torch._dynamo
+    tmp_path = tmp_path_factory.mktemp("moe_compiled")
     torch.manual_seed(0)
     model = _MoeNet()
     cfg = write_config(tmp_path, common=STATS)
@@ -457,11 +456,27 @@ def test_eagerly_run_submodule_of_a_compiled_model_keeps_its_scope(tmp_path):
     with opdump.Session(cfg) as s, EagerCapture(s):
         compiled = torch.compile(model, backend=s.backend("eager"))
         compiled(torch.randn(6, 8, generator=torch.Generator().manual_seed(0))).backward()
-    names = set()
+    names = {}
     for p in glob.glob(os.path.join(str(tmp_path / "dump"), "rank_0", "Net", "*", "0", "statistic.csv")):
         with open(p, newline="") as f:
-            names |= {r["Op Name"] for r in csv.DictReader(f) if r["Op Type"] == "addmm"}
-    assert names and all("/moe-_Moe/" in n or "/head-Linear/" in n for n in names), sorted(names)
+            names[int(p.split(os.sep)[-3])] = {r["Op Name"] for r in csv.DictReader(f) if r["Op Type"] == "addmm"}
+    return names
+
+
+def test_eagerly_run_submodule_of_a_compiled_model_keeps_its_scope(moe_compiled_dump):
+    """``opdump run`` of a script that compiles a model whose MoE block Dynamo skips: the
+    block's operators are captured eagerly (graph 0), and must be named as plain eager names
+    them (``Default/_MoeNet/moe-_Moe/experts.0-Linear/addmm-opN``), not ``Default/_MoeNet/addmm-opN``."""
+    names = moe_compiled_dump.get(0, set())
+    assert names and all("/moe-_Moe/experts." in n for n in names), sorted(names)
+
+
+@pytest.mark.xfail(strict=True, reason="the compiled resume function after the graph break names the head "
+                   "Linear's addmm with the root's scope (Default/_MoeNet/addmm-op1: no nn_module_stack entry "
+                   "for self.head there); opdump/capture/graph, not fixed")
+def test_resume_function_after_a_graph_break_keeps_the_scope(moe_compiled_dump):
+    names = set().union(*(v for g, v in moe_compiled_dump.items() if g != 0))
+    assert names and all("/head-Linear/" in n for n in names), sorted(names)
 
 
 # --------------------------------------------------------------------------- loops

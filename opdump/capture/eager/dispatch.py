@@ -19,7 +19,8 @@ from ..naming import backward_scope
 from ..op_info import OpInfo
 from .collectives import collectives_of
 from .schema import facts_of
-from .scopes import _scope_of
+from .scopes import _scope_of, is_compiled_wrapper as _is_wrapper
+from .skipped import skipped_frame
 from .sources import walk
 from .state import TOP, IterationState, Phase
 from .values import arg_text, flat_tensors, has_nonfinite_arg, meta, non_tensor_args, output_slots, tensors_at
@@ -302,6 +303,8 @@ class OperatorPath:
         """(scope, module ids, source lines) of an operator running in ``phase``."""
         if phase is Phase.MODULE:
             top = self.tracker.stack[-1]
+            if _is_wrapper(top.module):         # a frame Dynamo skipped below a compiled root (.skipped)
+                top = skipped_frame(top, self.tracker) or top
             return top.scope, top.ids, sources
         if phase is Phase.BACKWARD:
             scope, ids, forward_sources = self._backward_scope(state, node)
