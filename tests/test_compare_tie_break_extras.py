@@ -4,7 +4,7 @@ the same scope, type and tensors (the compiled Qwen2-MoE drops an unused mask ea
 computes; eager runs four ``transpose`` where a compiled graph runs one): the call with
 equal values is paired, whichever side holds the extra one, and nothing changes where the
 aligned pairs already hold equal values or a fingerprint is unknown."""
-from opdump.analysis.compare.match import tie_break
+from opdump.analysis.compare.tie_break import tie_break
 
 S, T = ("expand", (2, 4)), ("mul", (2, 4))
 

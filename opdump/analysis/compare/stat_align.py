@@ -19,7 +19,8 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from .frontend import EXTRA_OUTPUTS, canonical_type
-from .match import _fill_gaps, align, tie_break
+from .match import _fill_gaps, align
+from .tie_break import tie_break
 from .pairs import RULE_NAME, RULE_ORDER, _base_type
 
 __all__ = ["CallTable", "aligned"]

@@ -28,7 +28,8 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .frontend import EXTRA_OUTPUTS, RULE_FRONT_END, canonical_type, is_front_end
-from .match import _fill_gaps, align, tie_break
+from .match import _fill_gaps, align
+from .tie_break import tie_break
 from .pairs import RULE_NAME, RULE_ORDER, RULE_SIGNATURE, _base_type, dtype_class, shape_from_text
 from .stat_align import CallTable, aligned
 from .stat_cells import iterations_of, per_distinct
