@@ -9,8 +9,9 @@ input -> output shapes and dtypes, the full name (in the seed's
 ``full_name_with_scope`` form and MindSpore 2.x's ``Fullname with scope`` form) and
 its source lines (:mod:`.sources`).  The JSON (``"format": "opdump-graph-1"``) holds
 the same per operator: index, full_name, op_type, overload, scope, selected, inputs,
-outputs (``{shape, dtype}``), source (``{file, line, code, function}``), args,
-nonfinite_args (a non-tensor argument is Inf/NaN or a float type's extreme: README, overflow).
+outputs (``{shape, dtype}``), producers (per input, ``[full name, output slot]`` of the
+listed operator that produced it, else null: :func:`input_producers`), source (``{file, line,
+code, function}``), args, nonfinite_args (a non-tensor argument is Inf/NaN or a float type's extreme: README, overflow).
 
 Rendering takes any objects with the attributes of ``opdump.capture.op_info.OpInfo``
 (duck-typed: format depends on nothing above it).  Guarantees: for operators whose
@@ -66,6 +67,7 @@ def render_graph_json(graph_id: int, kind: str, ops: Sequence[Any],
         return [{"shape": [str(d) if not isinstance(d, int) else d for d in shape], "dtype": dtype}
                 for shape, dtype in metas]
 
+    producers = input_producers(ops)
     doc = {
         "format": GRAPH_JSON_FORMAT,
         "graph_id": graph_id,
@@ -75,19 +77,48 @@ def render_graph_json(graph_id: int, kind: str, ops: Sequence[Any],
             "index": op.index, "full_name": op.full_name, "op_type": op.op_type, "overload": op.overload,
             "scope": op.scope, "selected": op.selected,
             "inputs": tensors(op.input_meta), "outputs": tensors(op.output_meta),
+            "producers": producers[n],
             "source": [{"file": s.file, "line": s.line, "code": s.code, "function": s.function} for s in op.source],
             "args": {k: str(v) for k, v in op.args.items()},
             "nonfinite_args": bool(getattr(op, "nonfinite_args", False)),
-        } for op in ops],
+        } for n, op in enumerate(ops)],
     }
     return json.dumps(doc, indent=1)
+
+
+_ARG_REF_RE = re.compile(r"%([A-Za-z_0-9.]+)(?:\[(\d+)\])?")
+
+
+def input_producers(ops: Sequence[Any]) -> List[Optional[List[Optional[List[Any]]]]]:
+    """Per operator, per input slot: ``[full name, output slot]`` of the listed operator
+    that produced the input (the ``%N``/``%N[k]``/``%node`` references of its ``.ir`` line,
+    in input order), ``None`` for an input no listed operator produced (a parameter, a
+    graph input); the whole list ``None`` when the references cannot be told apart from
+    the inputs (their count differs from the number of inputs).  A reference names the
+    latest operator listed before it with that index or node name (an operator first
+    described in a later iteration may reuse an index)."""
+    by_ref: Dict[str, str] = {}
+    out: List[Optional[List[Optional[List[Any]]]]] = []
+    for op in ops:
+        refs = _ARG_REF_RE.findall(str(getattr(op, "arg_text", "") or ""))
+        n_in = len(getattr(op, "input_meta", ()) or ())
+        if len(refs) != n_in:
+            out.append(None)
+        else:
+            out.append([[by_ref[r], int(k or 0)] if r in by_ref else None for r, k in refs])
+        by_ref[str(op.index)] = op.full_name
+        node = getattr(op, "node_name", None)
+        if node:                                # a graph's references (eager's are indices)
+            by_ref[str(node)] = op.full_name
+    return out
 
 
 # ---------------------------------------------------------------- parsing
 def parse_graph_json(doc: Dict[str, Any]) -> Tuple[Optional[str], List[Dict[str, Any]]]:
     """(graph kind, operators) of a parsed graph JSON document.  Each operator:
-    ``{full_name, op_type, scope, sources: [SourceFrame], inputs, outputs, args}``
-    (``op_type``/``scope`` None when the document lacks them); entries without a full
+    ``{full_name, op_type, scope, sources: [SourceFrame], inputs, outputs, args, nonfinite_args,
+    overload, producers}`` (``op_type``/``scope``/``overload``/``producers`` None when the
+    document lacks them); entries without a full
     name or with malformed source frames are skipped, never raised."""
     ops = []
     for o in doc.get("ops", []) or []:
@@ -103,8 +134,26 @@ def parse_graph_json(doc: Dict[str, Any]) -> Tuple[Optional[str], List[Dict[str,
         ops.append({"full_name": o["full_name"], "op_type": o.get("op_type"), "scope": o.get("scope"),
                     "sources": sources, "inputs": list(o.get("inputs", []) or []),
                     "outputs": list(o.get("outputs", []) or []), "args": dict(o.get("args", {}) or {}),
-                    "nonfinite_args": o.get("nonfinite_args") is True})
+                    "nonfinite_args": o.get("nonfinite_args") is True,
+                    "overload": o.get("overload") if isinstance(o.get("overload"), str) else None,
+                    "producers": _producers(o.get("producers"))})
     return doc.get("kind"), ops
+
+
+def _producers(value: Any) -> Optional[List[Optional[Tuple[str, int]]]]:
+    """A listing's ``producers`` entry as (full name, output slot) per input; None when
+    absent or malformed (older listings have none)."""
+    if not isinstance(value, list):
+        return None
+    out: List[Optional[Tuple[str, int]]] = []
+    for v in value:
+        if isinstance(v, list) and len(v) == 2 and isinstance(v[0], str) and isinstance(v[1], int):
+            out.append((v[0], v[1]))
+        elif v is None:
+            out.append(None)
+        else:
+            return None
+    return out
 
 
 _FULLNAME_RES = (

@@ -49,6 +49,7 @@ from ..reader.statistics import STAT_COLUMNS
 from .frontend import RULE_FRONT_END, adds_nothing, canonical_signature, is_front_end
 from .mapping import split_tensor_ref
 from .pairs import RULE_MAPPING, RULE_NAME, RULE_ORDER, RULE_SIGNATURE, OpCall, Pair, Tensor
+from .tie_break import tie_break
 
 #: the records' statistic keys (not the CSV headers) a statistics fingerprint is made of
 STAT_KEYS = tuple(dict.fromkeys(STAT_COLUMNS.values()))
@@ -238,24 +239,12 @@ def _fingerprint(c: OpCall) -> Optional[tuple]:
     return tuple(parts) if parts else None
 
 
-def _tie_break(chosen: List[Tuple[int, int]], sig_a: Sequence, ca: Sequence, cb: Sequence) -> List[Tuple[int, int]]:
+def _tie_break(chosen: List[Tuple[int, int]], sig_a: Sequence, ca: Sequence, cb: Sequence,
+               sig_b: Sequence = ()) -> List[Tuple[int, int]]:
     """Re-pair the aligned calls of each signature that occurs more than once in the scope by
-    value identity (module doc); every other pair is kept."""
-    groups: Dict[tuple, List[Tuple[int, int]]] = {}
-    for x, y in chosen:
-        groups.setdefault(sig_a[x], []).append((x, y))
-    out: List[Tuple[int, int]] = []
-    for group in groups.values():
-        if len(group) < 2:
-            out += group
-            continue
-        fa = [_fingerprint(ca[x][0]) for x, _ in group]
-        fb = [_fingerprint(cb[y][0]) for _, y in group]
-        if fa == fb or None in fa or None in fb:
-            out += group
-            continue
-        out += [(group[i][0], group[j][1]) for i, j in pair_by_fingerprint(fa, fb)]
-    return out
+    value identity (module doc), or that a call left unpaired on either side shares
+    (:func:`.tie_break.tie_break`); every other pair is kept."""
+    return tie_break(chosen, sig_a, sig_b, lambda x: _fingerprint(ca[x][0]), lambda y: _fingerprint(cb[y][0]))
 
 
 def pair_by_fingerprint(fa: Sequence, fb: Sequence) -> List[Tuple[int, int]]:
@@ -300,7 +289,7 @@ class AlignedOrderMatcher(Matcher):
                                 [(c.op,) + s for (c, _), s in zip(cb, sig_b)])
                 named = _fill_gaps(anchors, sig_a, sig_b) if anchors else by_sig
             chosen = named if len(named) >= len(by_sig) else by_sig
-            chosen = _tie_break(chosen, sig_a, ca, cb)
+            chosen = _tie_break(chosen, sig_a, ca, cb, sig_b)
             for x, y in chosen:
                 (oa, ia), (ob, ib) = ca[x], cb[y]
                 rule = RULE_NAME if oa.op == ob.op else self.rule

@@ -32,6 +32,8 @@ from .result import CompareResult, rule_of
 from .stat_result import StatCompareResult, with_cells
 from .stat_rows import pathless, table_cells
 from .verdict import Thresholds, judge_metrics, judge_pair, judge_statistics
+from ..undefined import UndefinedInputs, undefined_pair
+from .detach_lines import split_detach_pairs
 
 __all__ = ["compare", "CompareError", "tensors_of_records"]
 
@@ -266,11 +268,17 @@ def compare(a: Union[str, os.PathLike, Dump], b: Union[str, os.PathLike, Dump], 
     if not any(p.matched for p in pairs):
         raise CompareError("no tensor of A matches one of B (different models?): nothing compared")
 
+    src = _Sources(da, db)                  # detach pairs of other lines: front-end operators (.detach_lines)
+    pairs = split_detach_pairs(pairs, lambda t: src.of_tensor(da, t), lambda t: src.of_tensor(db, t))
+
     # judge: what needs no data, then tensor metrics
     tasks = []
     stat_pairs: List[Pair] = []
+    ua, ub = UndefinedInputs(da), UndefinedInputs(db)      # out= destinations, empty* outputs
     for n, p in enumerate(pairs):
-        if judge_pair(p, thresholds, stat_pairs):
+        if p.a is not None and p.b is not None and undefined_pair(p, ua, ub):
+            p.verdict, p.reason = "skipped", "undefined values (uninitialised or overwritten)"
+        elif judge_pair(p, thresholds, stat_pairs):
             tasks.append((n, p.a.path, p.b.path, _data_bytes(p.a) + _data_bytes(p.b), p.a.layout, p.b.layout))
     judge_statistics(stat_pairs, thresholds)              # column-wise, all at once
     with gc_running():                                  # arrays: the collector on (.gcpause)

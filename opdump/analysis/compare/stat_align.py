@@ -20,7 +20,8 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from .frontend import EXTRA_OUTPUTS, canonical_type
-from .match import _fill_gaps, align, pair_by_fingerprint
+from .match import _fill_gaps, align
+from .tie_break import tie_break
 from .pairs import RULE_NAME, RULE_ORDER, _base_type
 from .stat_cells import per_distinct
 
@@ -132,7 +133,7 @@ def aligned(m, sig_codes: Dict[tuple, int], io_rank: Dict[str, int]) -> bool:
             anchors = align([(ta.op[c], s) for c, s in zip(ca, sa)], [(tb.op[c], s) for c, s in zip(cb, sb)])
             named = _fill_gaps(anchors, sa, sb) if anchors else by_sig
         chosen = named if len(named) >= len(by_sig) else by_sig
-        for x, y in _tie_break(chosen, sa, ca, cb, ta, tb):
+        for x, y in _tie_break(chosen, sa, ca, cb, ta, tb, sb):
             pa.append(ca[x])
             pb.append(cb[y])
     if pa:
@@ -147,25 +148,10 @@ def _by_scope(t: CallTable, calls: List[int]) -> Dict[str, List[int]]:
     return out
 
 
-def _tie_break(chosen, sig, ca, cb, ta: CallTable, tb: CallTable) -> List[Tuple[int, int]]:
-    """:func:`.match._tie_break` with each call's fingerprint tuple from the tables."""
-    groups: Dict[int, List[Tuple[int, int]]] = {}
-    for x, y in chosen:
-        groups.setdefault(sig[x], []).append((x, y))
-    if len(groups) == len(chosen):
-        return chosen
-    out: List[Tuple[int, int]] = []
-    for group in groups.values():
-        if len(group) < 2:
-            out += group
-            continue
-        fa = [ta.fp[ca[x]] for x, _ in group]
-        fb = [tb.fp[cb[y]] for _, y in group]
-        if fa == fb:
-            out += group
-            continue
-        out += [(group[i][0], group[j][1]) for i, j in pair_by_fingerprint(fa, fb)]
-    return out
+def _tie_break(chosen, sig, ca, cb, ta: CallTable, tb: CallTable, sig_b=()) -> List[Tuple[int, int]]:
+    """:func:`.match.tie_break` with each call's fingerprint tuple from the tables."""
+    fa, fb = ta.fp, tb.fp
+    return tie_break(chosen, sig, sig_b, lambda x: fa[ca[x]], lambda y: fb[cb[y]])
 
 
 def _take(m, ta: CallTable, tb: CallTable, pa: List[int], pb: List[int], ios: frozenset,

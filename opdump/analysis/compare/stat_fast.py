@@ -41,6 +41,8 @@ from .pairs import RULE_NAME, RULE_ORDER, _base_type, dtype_class, shape_from_te
 from .stat_cells import iterations_of, per_distinct
 from .stat_match import row_part
 from .stat_pairs import StatPairs, finish_result
+from ..undefined import UndefinedInputs
+from .detach_lines import split_detach_part
 
 __all__ = ["statistics_compare", "enabled"]
 
@@ -136,10 +138,10 @@ def statistics_compare(da, db, rank_pairs, iterations, io, include_parameters, t
             part = row_part(sa, sb, it_pairs)
         if part is None:
             return None
-        parts.append(part)
+        parts.append(split_detach_part(part, sa, sb, da, db))     # .detach_lines
     if not any(((p[0] >= 0) & (p[1] >= 0)).any() for p in parts):
         return None                               # nothing matched: the per-row stages raise
-    sp = StatPairs.build(sides, parts, thresholds)
+    sp = StatPairs.build(sides, parts, thresholds, (UndefinedInputs(da), UndefinedInputs(db)))
     return finish_result(da, db, sp, rank_pairs, all_it, thresholds, sources)
 
 

@@ -30,7 +30,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .frontend import EXTRA_OUTPUTS, RULE_FRONT_END, canonical_type, is_front_end
-from .match import _fill_gaps, align, pair_by_fingerprint
+from .match import _fill_gaps, align
+from .tie_break import tie_break
 from .pairs import RULE_NAME, RULE_ORDER, RULE_SIGNATURE, _base_type, dtype_class, shape_from_text
 from .stat_align import CallTable, aligned
 from .stat_cells import iterations_of, per_distinct
@@ -216,29 +217,15 @@ def _aligned(m: _Matching, sig_codes: Dict[tuple, int]) -> None:
                             [(B.op[c[0]], s) for c, s in zip(cb, sig_b)])
             named = _fill_gaps(anchors, sig_a, sig_b) if anchors else by_sig
         chosen = named if len(named) >= len(by_sig) else by_sig
-        chosen = _tie_break(chosen, sig_a, ca, cb, A, B)
+        chosen = _tie_break(chosen, sig_a, ca, cb, A, B, sig_b)
         for x, y in chosen:
             ia, ib = ca[x], cb[y]
             m.take_calls(ia, ib, RULE_NAME if A.op[ia[0]] == B.op[ib[0]] else RULE_ORDER)
 
 
-def _tie_break(chosen, sig_a, ca, cb, A: ColumnSide, B: ColumnSide) -> List[Tuple[int, int]]:
-    """:func:`.match._tie_break` with statistics fingerprints."""
-    groups: Dict[int, List[Tuple[int, int]]] = {}
-    for x, y in chosen:
-        groups.setdefault(sig_a[x], []).append((x, y))
-    out: List[Tuple[int, int]] = []
-    for group in groups.values():
-        if len(group) < 2:
-            out += group
-            continue
-        fa = [_fingerprint(A, ca[x]) for x, _ in group]
-        fb = [_fingerprint(B, cb[y]) for _, y in group]
-        if fa == fb:
-            out += group
-            continue
-        out += [(group[i][0], group[j][1]) for i, j in pair_by_fingerprint(fa, fb)]
-    return out
+def _tie_break(chosen, sig_a, ca, cb, A: ColumnSide, B: ColumnSide, sig_b=()) -> List[Tuple[int, int]]:
+    """:func:`.match.tie_break` with statistics fingerprints."""
+    return tie_break(chosen, sig_a, sig_b, lambda x: _fingerprint(A, ca[x]), lambda y: _fingerprint(B, cb[y]))
 
 
 def _by_name(m: _Matching) -> None:

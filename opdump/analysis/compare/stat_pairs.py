@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, List, Optional
 import numpy as np
 
 from ..common import is_garbage, is_random_op
+from ..undefined import or_undefined
 from .fields import make_tensors
 from .first import first_difference, first_divergence
 from .pairs import TABLE_COLUMNS, Pair, _shape_text, shape_from_text
@@ -119,7 +120,8 @@ class StatPairs:
         self.cols: Dict[str, list] = {}
 
     @classmethod
-    def build(cls, sides, parts, th) -> "StatPairs":
+    def build(cls, sides, parts, th, undefined=None) -> "StatPairs":
+        """``undefined``: (A's, B's) :class:`opdump.analysis.undefined.UndefinedInputs`, or None."""
         from .verdict import same_dtype_tolerance
         self = cls()
         c: Dict[str, list] = {k: [] for k in (
@@ -157,6 +159,8 @@ class StatPairs:
         n = len(c["rank"])
         # verdicts (judge_pair, then the statistics of the pairs it does not skip)
         ga, gb = garbage(c["op_type"], c["io"], c["slot"]), garbage(c["op_type_b"], c["io_b"], c["slot_b"])
+        if undefined is not None:           # out= destinations, empty* outputs (.undefined)
+            ga, gb = or_undefined(ga, undefined[0], c), or_undefined(gb, undefined[1], c, "_b")
         all_live = not (any(ga) or any(gb))
         live = list(range(n)) if all_live else [i for i in range(n) if not (ga[i] or gb[i])]
         same = per_distinct(_same_dtype, list(zip(c["dtype_a"], c["dtype_b"])))

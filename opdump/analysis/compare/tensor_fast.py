@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from .pairs import _shape_text
+from ..undefined import UndefinedInputs
 from .stat_fast import (_dclass, _its, _pair_rank, _positions, _tie_groups, enabled, iteration_pairs_of,
                         usable_sides)
 
@@ -176,5 +177,6 @@ def _columns(da, db, raw, its, rank_pairs, thresholds, sources, layouts, run_met
             out = run_metrics(rest) if rest else {}
             out.update(got)
             return out
-    tp = TensorPairs.build(sides, originals, lays, parts, thresholds, metrics)
+    tp = TensorPairs.build(sides, originals, lays, parts, thresholds, metrics,
+                           (UndefinedInputs(da), UndefinedInputs(db)))
     return finish_tensor_result(da, db, tp, rank_pairs, all_it, thresholds, sources)

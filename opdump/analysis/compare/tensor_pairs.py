@@ -27,6 +27,7 @@ from .stat_cells import per_distinct
 from .stat_pairs import (_SKIPPED, _mask, _same_dtype, _take, add_identity, column_summary,
                          garbage, random_rule)
 from .verdict import _tolerance, verdict_for_metrics
+from ..undefined import or_undefined
 
 __all__ = ["TensorPairs", "finish_tensor_result"]
 
@@ -47,8 +48,9 @@ class TensorPairs:
         self.cols: Dict[str, list] = {}
 
     @classmethod
-    def build(cls, sides, originals, lays, parts, th, run_metrics: Callable[[list], Dict[int, Dict[str, Any]]]
-              ) -> "TensorPairs":
+    def build(cls, sides, originals, lays, parts, th, run_metrics: Callable[[list], Dict[int, Dict[str, Any]]],
+              undefined=None) -> "TensorPairs":
+        """``undefined``: (A's, B's) :class:`opdump.analysis.undefined.UndefinedInputs`, or None."""
         self = cls()
         c: Dict[str, list] = {k: [] for k in (
             "rank", "iteration", "iteration_b", "graph", "op", "op_b", "op_type", "kind", "io", "slot", "call",
@@ -74,6 +76,8 @@ class TensorPairs:
                 c[k] = [int(v) for v in c[k]]
         n = len(c["rank"])
         ga, gb = garbage(c["op_type"], c["io"], c["slot"]), garbage(c["op_type_b"], c["io_b"], c["slot_b"])
+        if undefined is not None:           # out= destinations, empty* outputs (.undefined)
+            ga, gb = or_undefined(ga, undefined[0], c), or_undefined(gb, undefined[1], c, "_b")
         live = [k for k in range(n) if not (ga[k] or gb[k])]
         pa, pb, lya, lyb = c["path_a"], c["path_b"], c["layout_a"], c["layout_b"]
         tasks = [(k, pa[k], pb[k], _nbytes(lya[k]) + _nbytes(lyb[k]), lya[k], lyb[k]) for k in live]

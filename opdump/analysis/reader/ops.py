@@ -27,6 +27,8 @@ class OpInfo:
     outputs: List[Dict[str, Any]] = field(default_factory=list)
     args: Dict[str, Any] = field(default_factory=dict)
     nonfinite_args: bool = False        # a non-tensor argument is Inf/NaN (README, overflow)
+    overload: Optional[str] = None      # the listing's overload (``out``, ``Tensor``…), None when unknown
+    producers: Optional[List[Any]] = None   # per input: (full name, output slot) of the listed producer, or None
 
     @property
     def file_name(self) -> str:

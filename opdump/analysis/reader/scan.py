@@ -144,7 +144,7 @@ def load_graph_ops(g: Graph) -> None:
             ops.append(OpInfo(g.rank, g.graph_id, fn, o["op_type"] or op_type_of(fn),
                               o["scope"] if o["scope"] is not None else scope_of(fn),
                               kind_of_name(fn, g.kind), None, o["sources"], o["inputs"], o["outputs"], o["args"],
-                              o.get("nonfinite_args", False)))
+                              o.get("nonfinite_args", False), o.get("overload"), o.get("producers")))
     elif g.ir_path is not None:
         try:
             parsed = parse_ir(g.ir_path)

@@ -19,7 +19,8 @@ from ..naming import backward_scope
 from ..op_info import OpInfo
 from .collectives import collectives_of
 from .schema import facts_of
-from .scopes import _scope_of
+from .scopes import _scope_of, is_compiled_wrapper as _is_wrapper
+from .skipped import skipped_frame
 from .sources import walk
 from .state import TOP, IterationState, Phase
 from .values import arg_text, flat_tensors, has_nonfinite_arg, meta, non_tensor_args, output_slots, tensors_at
@@ -77,6 +78,19 @@ class _DumpMode(TorchDispatchMode):
         return cap._dispatch(func, args, kwargs or {})
 
 
+def _register(state, info) -> None:
+    """The forward operator running now owns autograd's last sequence number and any number
+    taken since the last one registered (autograd's clone of an in-place operator's original
+    input takes one after the in-place operator's node: that node is this operator's too)."""
+    nr = _get_sequence_nr() - 1
+    hi = state.seq_hi
+    lo = hi + 1 if 0 <= hi < nr <= hi + 16 else nr
+    for n in range(lo, nr + 1):
+        state.seq.setdefault(n, info)
+    if nr > hi:
+        state.seq_hi = nr
+
+
 class OperatorPath:
     """The per-operator methods of :class:`~.mode.EagerCapture` (which sets the attributes
     they read: ``session``, ``tracker``, ``listing``, ``_state``, ``_optimizers``,
@@ -115,7 +129,7 @@ class OperatorPath:
             return Phase.MODULE
         if self.capture_all:
             return Phase.OUTSIDE
-        state.seq.setdefault(_get_sequence_nr() - 1, TOP)
+        _register(state, TOP)
         return None
 
     def _dispatch(self, func, args, kwargs):
@@ -161,7 +175,7 @@ class OperatorPath:
                 op.nonfinite_args = listed.nonfinite_args and has_nonfinite_arg(args, kwargs)
                 op.source = sources
         if phase <= Phase.MODULE:
-            state.seq.setdefault(_get_sequence_nr() - 1, (scope, ids, sources))
+            _register(state, (scope, ids, sources))
         state.names.append(name)
         return self._run(state, op, describe, func, args, kwargs, facts)
 
@@ -273,9 +287,9 @@ class OperatorPath:
         state.n = index + 1
         if phase is Phase.MODULE:           # what a backward operator's scope is looked up from
             top = self.tracker.stack[-1]
-            state.seq.setdefault(_get_sequence_nr() - 1, (top.scope, top.ids, sources))
+            _register(state, (top.scope, top.ids, sources))
         elif phase is Phase.OUTSIDE:
-            state.seq.setdefault(_get_sequence_nr() - 1, (TOP[0], TOP[1], sources))
+            _register(state, (TOP[0], TOP[1], sources))
         try:
             return func(*args, **kwargs)
         except Exception as exc:
@@ -289,6 +303,8 @@ class OperatorPath:
         """(scope, module ids, source lines) of an operator running in ``phase``."""
         if phase is Phase.MODULE:
             top = self.tracker.stack[-1]
+            if _is_wrapper(top.module):         # a frame Dynamo skipped below a compiled root (.skipped)
+                top = skipped_frame(top, self.tracker) or top
             return top.scope, top.ids, sources
         if phase is Phase.BACKWARD:
             scope, ids, forward_sources = self._backward_scope(state, node)

@@ -67,6 +67,7 @@ class IterationState:
         self.n = 0
         self.names: List[str] = []                 # full names in execution order
         self.seq: Dict[int, Tuple[str, Tuple[str, ...], Tuple]] = {}   # autograd seq nr -> forward (scope, ids, sources)
+        self.seq_hi = -1                           # the highest number in seq (dispatch._register)
         self.modules: Dict[int, Tuple[str, Tuple[str, ...]]] = {}  # id(module) -> first (scope, ids)
         self.owners: Dict[int, Tuple] = {}         # id(parameter) -> (id(module), (path, class) pairs, root)
         self.roots_done: set = set()

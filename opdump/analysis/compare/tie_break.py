@@ -1,0 +1,88 @@
+"""The aligned order's value tie-break of one scope (:class:`.match.AlignedOrderMatcher`),
+one function for the object matcher (:func:`.match._tie_break`) and the column-wise ones
+(:mod:`.stat_match`, :mod:`.stat_align`): both keep giving the same pairs
+(tests/test_compare_stat_match.py's property test).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Sequence, Tuple
+
+__all__ = ["tie_break"]
+
+
+def tie_break(chosen: List[Tuple[int, int]], sig_a: Sequence, sig_b: Sequence,
+              fp_a: Callable[[int], Any], fp_b: Callable[[int], Any]) -> List[Tuple[int, int]]:
+    """The value tie-break of one scope's aligned calls ``chosen`` (positions (x, y) into
+    the scope's calls, ``sig_a``/``sig_b`` their signatures, ``fp_a``/``fp_b`` their
+    fingerprints, None: unknown), shared by this matcher and the column-wise ones.
+
+    A signature whose aligned calls are all the calls of that signature in the scope, on
+    both sides: its calls re-paired by :func:`pair_by_fingerprint` when it has two or more
+    whose fingerprints differ.  A signature that a call left unpaired by the alignment also
+    has (one side ran an extra call of the same scope, type and tensors: a mask computed and
+    not used, four ``transpose`` where the other side runs one): the aligned pairs whose
+    fingerprints are equal are kept; every other call of that signature, aligned or not,
+    takes in order the first call of the other side with an equal fingerprint; the aligned
+    pairs left whole are kept.  An unknown fingerprint keeps the aligned pairs as they are."""
+    from .match import pair_by_fingerprint     # (match imports this module)
+    groups: Dict[Any, List[Tuple[int, int]]] = {}
+    for x, y in chosen:
+        groups.setdefault(sig_a[x], []).append((x, y))
+    extra_a: Dict[Any, List[int]] = {}
+    extra_b: Dict[Any, List[int]] = {}
+    if sig_b:
+        used_a, used_b = {x for x, _ in chosen}, {y for _, y in chosen}
+        for x, s in enumerate(sig_a):
+            if x not in used_a and s in groups:
+                extra_a.setdefault(s, []).append(x)
+        for y, s in enumerate(sig_b):
+            if y not in used_b and s in groups:
+                extra_b.setdefault(s, []).append(y)
+    if len(groups) == len(chosen) and not extra_a and not extra_b:
+        return chosen
+    out: List[Tuple[int, int]] = []
+    for s, group in groups.items():
+        ea, eb = extra_a.get(s, []), extra_b.get(s, [])
+        if len(group) < 2 and not ea and not eb:
+            out += group
+            continue
+        fa = [fp_a(x) for x, _ in group]
+        fb = [fp_b(y) for _, y in group]
+        if fa == fb or None in fa or None in fb:
+            out += group
+            continue
+        if not ea and not eb:
+            out += [(group[i][0], group[j][1]) for i, j in pair_by_fingerprint(fa, fb)]
+            continue
+        fea, feb = [fp_a(x) for x in ea], [fp_b(y) for y in eb]
+        if None in fea or None in feb:
+            out += group
+            continue
+        out += _with_extras(group, fa, fb, list(zip(ea, fea)), list(zip(eb, feb)))
+    return out
+
+
+def _with_extras(group, fa, fb, ea, eb) -> List[Tuple[int, int]]:
+    """:func:`tie_break` of a signature whose unpaired calls ``ea``/``eb`` ((position,
+    fingerprint)) join the aligned ``group``."""
+    same = [f == g for f, g in zip(fa, fb)]
+    kept = [p for p, s in zip(group, same) if s]
+    rest_a = sorted([(x, f) for (x, _), f, s in zip(group, fa, same) if not s] + ea, key=_first)
+    free_b: Dict[Any, List[int]] = {}
+    for y, g in sorted([(y, g) for (_, y), g, s in zip(group, fb, same) if not s] + eb, key=_first):
+        free_b.setdefault(g, []).append(y)
+    taken_a, taken_b = set(), set()
+    found = []
+    for x, f in rest_a:
+        ys = free_b.get(f)
+        if ys:
+            y = ys.pop(0)
+            found.append((x, y))
+            taken_a.add(x)
+            taken_b.add(y)
+    whole = [(x, y) for (x, y), s in zip(group, same) if not s and x not in taken_a and y not in taken_b]
+    return sorted(kept + found + whole)
+
+
+def _first(item) -> Any:
+    return item[0]
