@@ -14,6 +14,14 @@ figure issue 24's target (≤ 0.15) is about; one JSON line per model and mode, 
 neighbours' load (cores other processes used meanwhile), and ``writer_ms_per_step``: the CPU time
 opdump's writer threads spent per dumped step (statistic.csv text and writes; part of the process
 CPU above), from their thread CPU clocks.
+
+The plain-eager and aot_eager sides run as programs without opdump would: the session's
+optimizer hook (a global ``optimizer.step()`` post-hook that ends the session's iteration:
+statistics flush, manifest, the wait for the writer's previous iteration) is suspended
+while they step (``--floor-hooks`` keeps it, as the bench did before 2026-11-24 13:30:
+every side then paid ~0.15-0.2 ms of opdump's iteration end per step, and its wait on the
+dump side's writer backlog, which made the floor and the eager baseline look slower and
+*over floor* ~0.03 smaller; the iteration counter also advanced three times per round).
 """
 from __future__ import annotations
 
@@ -42,6 +50,23 @@ def writer_cpu() -> float:
     return total
 
 
+def without_optimizer_hooks(step):
+    """``step`` run with torch's global optimizer post-hooks (the session's) suspended."""
+    from torch.optim import optimizer as optim_module
+    hooks = getattr(optim_module, "_global_optimizer_post_hooks", None)
+    if hooks is None:
+        return step
+
+    def run():
+        saved = dict(hooks)
+        hooks.clear()
+        try:
+            step()
+        finally:
+            hooks.update(saved)
+    return run
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="alexnet,transformer")
@@ -51,6 +76,8 @@ def main() -> int:
     ap.add_argument("--per-round", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
     ap.add_argument("--root", default=None, help="import opdump from this checkout (default: this one)")
+    ap.add_argument("--floor-hooks", action="store_true",
+                    help="let the eager/aot_eager sides' optimizer steps run the session's hook (the old bench)")
     args = ap.parse_args()
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:0] = [args.root or os.path.dirname(here), os.path.dirname(here)]
@@ -74,7 +101,8 @@ def main() -> int:
                         warnings.simplefilter("ignore")
                         with opdump.Session(cfg) as s:
                             dump.run_model = torch.compile(dump.model, backend=s.backend())
-                            sides = {"eager": eager.step, "aot_eager": floor.step, "dump": dump.step}
+                            bare = (lambda f: f) if args.floor_hooks else without_optimizer_hooks
+                            sides = {"eager": bare(eager.step), "aot_eager": bare(floor.step), "dump": dump.step}
                             for step in sides.values():
                                 step(), step()
                             s.writer.flush()
@@ -115,7 +143,7 @@ def main() -> int:
                         "median_ms": {k: round(v * 1e3, 2) for k, v in med.items()},
                         "spread": {k: round((max(v) - min(v)) / statistics.median(v), 2) for k, v in wall.items()},
                         "neighbours": round(neighbours, 2), "steps_per_side": len(wall["dump"]),
-                        "tensors_per_step": tensors,
+                        "tensors_per_step": tensors, "floor_hooks": args.floor_hooks,
                         "writer_ms_per_step": round(writer_ms, 3)}), flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -140,6 +140,29 @@ def test_a_closed_session_is_let_go_by_native_taps(tmp_path):
     torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("saved_data,windows", [("statistic", False), ("tensor", True), ("full", True)])
+def test_hold_windows_only_where_tensor_files_are_written(tmp_path, saved_data, windows):
+    """A dumped graph call opens a hold window (opdump/recorder/held.py) only when it writes tensor
+    files: a statistics-only dump holds nothing, so it pays no window at every call's start and end."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = Net()
+    cfg = write_config(tmp_path, common={"saved_data": saved_data, "iteration": "0"},
+                       e2e={"stat_calc_mode": "device"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with opdump.Session(cfg) as session:
+            holds = session.recorder.holds
+            opened = []
+            real_open = holds.open
+            holds.open = lambda: opened.append(1) or real_open()
+            _train(model, torch.compile(model, backend=session.backend("eager")), steps=1, session=session)
+    torch._dynamo.reset()
+    assert bool(opened) == windows, (saved_data, len(opened))
+    assert glob.glob(str(tmp_path / "dump" / "**" / "statistic.csv" if saved_data != "tensor"
+                         else tmp_path / "dump" / "**" / "*.npy"), recursive=True)
+
+
 # ---------------------------------------------------------------- native row text (rows.py, cell_text.cpp)
 class _TextSpy:
     """Around the recorder's ``encode_batch`` (the real one still writes the file): every batch's

@@ -45,8 +45,11 @@ class GraphRuntime:
         self.kernel_args = session.config.save_kernel_args
         self.native = None                   # native statistics taps (.native_taps), set by instrument
         # a call of a graph whose operators write nothing but fresh outputs is a hold window:
-        # tensor files written from the tensors' own memory (opdump/recorder/held.py)
-        self.holding = session.config.graph_dump != "kernels" and not any(op.mutates for op in self.ops)
+        # tensor files written from the tensors' own memory (opdump/recorder/held.py); a dump
+        # writing no tensor file (statistics only) opens none (nothing would be held in it)
+        cfg = session.config
+        self.holding = (cfg.dump_tensors and cfg.graph_dump != "kernels"
+                        and not any(op.mutates for op in self.ops))
         self._window = None                  # the open hold window (recorder/held.Window) of the call in progress
 
     def _close_window(self) -> None:
