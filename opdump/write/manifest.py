@@ -79,22 +79,16 @@ def _write_all(fd: int, data: bytes) -> None:
 def iteration_ranges(iterations) -> str:
     """``[0, 1, 2, 5]`` → ``"0-2|5"`` (the config's ``iteration`` syntax; bounded size).
 
-    Called at every iteration's end on the training thread with every iteration dumped so
-    far: a contiguous run (``iteration: "all"``) is told by its ends after the sort (no
-    Python loop over the elements: 10,000 iterations took ~1 ms a step, now ~0.1 ms), and
-    runs stop being collected once the text is past the page's bound (same text)."""
-    its = sorted(iterations)
-    if its and isinstance(iterations, (set, frozenset)) and its[-1] - its[0] + 1 == len(its):   # no gap
-        return str(its[0]) if len(its) == 1 else f"{its[0]}-{its[-1]}"
+    The definition of ``dumped_iterations``' text; the session keeps it incrementally with
+    :class:`opdump.write.iteration_set.IterationSet` (tested equal to this function)."""
     out = []
-    size = 0
+    its = sorted(iterations)
     i = 0
-    while i < len(its) and size <= 1025:     # the joined text ("|" between) is at most 1024 so far
+    while i < len(its):
         j = i
         while j + 1 < len(its) and its[j + 1] == its[j] + 1:
             j += 1
         out.append(str(its[i]) if i == j else f"{its[i]}-{its[j]}")
-        size += len(out[-1]) + 1
         i = j + 1
     text = "|".join(out)
     if len(text) > 1024:                    # thousands of scattered iterations: keep the page
