@@ -64,7 +64,8 @@ What broke, each with its regression test here:
   divergence -- CLIP's compiled-vs-eager compare reports it at every iteration.
 
 * (fixed, ``opdump/capture/eager/skipped.py``; the compiled resume function's own naming of
-  the head ``Linear`` after the break is still the root's, xfail) ``opdump run`` of a script
+  the head ``Linear`` after the break, which was the root's, fixed in
+  ``opdump/capture/graph/frame_scope.py``) ``opdump run`` of a script
   that compiles a model whose MoE block Dynamo cannot compile (a data-dependent ``continue`` in
   the expert loop: the frame is skipped and runs eagerly) names every operator of that block
   with the root's scope (``Default/_MoeNet/addmm-op12`` instead of
@@ -471,10 +472,10 @@ def test_eagerly_run_submodule_of_a_compiled_model_keeps_its_scope(moe_compiled_
     assert names and all("/moe-_Moe/experts." in n for n in names), sorted(names)
 
 
-@pytest.mark.xfail(strict=True, reason="the compiled resume function after the graph break names the head "
-                   "Linear's addmm with the root's scope (Default/_MoeNet/addmm-op1: no nn_module_stack entry "
-                   "for self.head there); opdump/capture/graph, not fixed")
 def test_resume_function_after_a_graph_break_keeps_the_scope(moe_compiled_dump):
+    """The resume function Dynamo compiles after the skipped MoE block gets ``self.head`` as a
+    value-stack argument (``nn_module_stack`` path ``L['___stack0']``): its ``addmm`` is still
+    ``…/head-Linear/addmm-opN`` (fixed, ``opdump/capture/graph/frame_scope.py``)."""
     names = set().union(*(v for g, v in moe_compiled_dump.items() if g != 0))
     assert names and all("/head-Linear/" in n for n in names), sorted(names)
 

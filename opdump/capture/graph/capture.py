@@ -51,6 +51,7 @@ from torch._dynamo.exc import RestartAnalysis, SkipFrame
 from ...debug.exception import compiled_call_failed, guard_operators
 from . import faults
 from .errors import users_error
+from .frame_scope import FrameScope, frame_scope
 from .frames import frame_entry, frame_key, root_class
 from .inputs import input_names, lifted_constants, param_positions
 from .instrument import instrument, uninstrument
@@ -95,6 +96,7 @@ class GraphCapture:
         self.real = real
         self.real_options = real_options
         self.root: Optional[str] = None
+        self.frame_scope = FrameScope()
         self.frame: Optional[str] = None
         self.names: List[Optional[str]] = []
         self.forward_id: Optional[int] = None
@@ -130,7 +132,9 @@ class GraphCapture:
         from torch._dynamo.backends.common import aot_autograd
 
         self.frame = frame_key()
-        self.root = root_class(self.frame)
+        self.frame_scope = frame_scope()           # a graph break's frame: scopes as in eager
+        fallback = root_class(self.frame)          # (also remembers the root for later breaks)
+        self.root = self.frame_scope.root or fallback
         self.names = input_names(gm, example_inputs)
         device = next((t.device for t in example_inputs if isinstance(t, torch.Tensor)), torch.device("cpu"))
         self.device_ok = self.session.device_allowed(device)
@@ -158,7 +162,7 @@ class GraphCapture:
             graph_id = session.new_graph_id()
             if kind != "backward":
                 self.forward_id = graph_id
-            pairs = read_ops(gm, kind, self.root)
+            pairs = read_ops(gm, kind, self.root, self.frame_scope)
             ops = [op for _, op in pairs]
             for op in ops:
                 op.selected = session.selector.select(op)

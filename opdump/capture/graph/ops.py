@@ -16,6 +16,7 @@ from torch.utils import _pytree as pytree
 from ..aten_ops import NOT_OPERATORS
 from ..naming import backward_scope, module_scope, op_type_of, parse_stack_trace, stack_ids, stack_pairs
 from ..op_info import OpInfo, is_nonfinite_scalar
+from .frame_scope import FrameScope
 from ...format.dtypes import dtype_name
 
 def is_operator(node: fx.Node) -> bool:
@@ -72,8 +73,11 @@ def _sum_stack(node: fx.Node, op_type: str, pos: Dict[fx.Node, int]):
     return last.meta.get("fwd_nn_module_stack") or last.meta.get("nn_module_stack")
 
 
-def read_ops(gm: fx.GraphModule, kind: str, root_class: Optional[str]) -> List[Tuple[fx.Node, OpInfo]]:
-    """(node, OpInfo) for every operator of ``gm``; ``kind`` is forward, backward or inference."""
+def read_ops(gm: fx.GraphModule, kind: str, root_class: Optional[str],
+             frame: Optional[FrameScope] = None) -> List[Tuple[fx.Node, OpInfo]]:
+    """(node, OpInfo) for every operator of ``gm``; ``kind`` is forward, backward or inference;
+    ``frame`` rewrites the module stacks of a frame compiled after a graph break."""
+    fix = frame.stack if frame is not None else (lambda stack: stack)
     result = []
     pos = {n: i for i, n in enumerate(gm.graph.nodes)} if kind == "backward" else {}
     for node in gm.graph.nodes:
@@ -82,10 +86,10 @@ def read_ops(gm: fx.GraphModule, kind: str, root_class: Optional[str]) -> List[T
         op_type, overload = op_type_of(node.target)
         meta = node.meta
         if kind == "backward":
-            stack = meta.get("fwd_nn_module_stack") or meta.get("nn_module_stack") or _sum_stack(node, op_type, pos)
+            stack = fix(meta.get("fwd_nn_module_stack") or meta.get("nn_module_stack") or _sum_stack(node, op_type, pos))
             scope = backward_scope(module_scope(stack_pairs(stack), root_class))
         else:
-            stack = meta.get("nn_module_stack")
+            stack = fix(meta.get("nn_module_stack"))
             scope = module_scope(stack_pairs(stack), root_class)
         outputs = [v for v in pytree.tree_flatten(meta.get("val"))[0] if isinstance(v, torch.Tensor)]
         info = OpInfo(
