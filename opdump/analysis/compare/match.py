@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import os
 from difflib import SequenceMatcher
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..reader import sanitize
 from ..reader.statistics import STAT_COLUMNS
@@ -245,25 +245,6 @@ def _tie_break(chosen: List[Tuple[int, int]], sig_a: Sequence, ca: Sequence, cb:
     value identity (module doc), or that a call left unpaired on either side shares
     (:func:`.tie_break.tie_break`); every other pair is kept."""
     return tie_break(chosen, sig_a, sig_b, lambda x: _fingerprint(ca[x][0]), lambda y: _fingerprint(cb[y][0]))
-
-
-def pair_by_fingerprint(fa: Sequence, fb: Sequence) -> List[Tuple[int, int]]:
-    """Positions ``(i, j)`` pairing ``fa`` with ``fb``: each ``i`` in order takes the first free
-    ``j`` with an equal fingerprint; the ``i`` left over take the free ``j`` in order (the value
-    tie-break's rule, also reproduced on columns by :mod:`.stat_fast`)."""
-    free: Dict[Any, List[int]] = {}
-    for j, f in enumerate(fb):
-        free.setdefault(f, []).append(j)
-    out: List[Tuple[int, int]] = []
-    left: List[int] = []
-    for i, f in enumerate(fa):
-        js = free.get(f)
-        if js:
-            out.append((i, js.pop(0)))
-        else:
-            left.append(i)
-    taken = {j for _, j in out}
-    return out + list(zip(left, [j for j in range(len(fb)) if j not in taken]))
 
 
 class AlignedOrderMatcher(Matcher):

@@ -30,7 +30,6 @@ turns this path off.
 """
 from __future__ import annotations
 
-import os
 from operator import itemgetter
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -38,8 +37,9 @@ import numpy as np
 
 from .frontend import EXTRA_OUTPUTS, canonical_type
 from .pairs import RULE_NAME, RULE_ORDER, _base_type, dtype_class, shape_from_text
-from .stat_cells import iterations_of, per_distinct
+from .stat_cells import per_distinct
 from .stat_match import row_part
+from .stat_sides import _fingerprint_codes, _its, _positions, _side, _usable, enabled  # noqa: F401 (re-exported)
 from .stat_pairs import StatPairs, finish_result
 from ..undefined import UndefinedInputs
 from .detach_lines import split_detach_part
@@ -49,44 +49,6 @@ __all__ = ["statistics_compare", "enabled"]
 #: columns that must agree position by position for the join to be the matchers' pairing
 _SAME = ("kind", "op", "op_file", "op_type", "io", "slot", "call", "graph")
 _KEY = ("graph", "op_file", "io", "slot", "call")
-
-
-def enabled() -> bool:
-    """False when ``OPDUMP_COMPARE_FAST=0`` (the per-row stages, e.g. to check this path)."""
-    return os.environ.get("OPDUMP_COMPARE_FAST", "1") != "0"
-
-
-def _its(rec) -> List[Optional[int]]:
-    """Each row's iteration as an int, None where missing."""
-    return iterations_of(rec["iteration"])
-
-
-def _usable(rec) -> bool:
-    """Statistics rows only: no tensor file, a statistics row each."""
-    if rec.empty:
-        return False
-    if not bool(rec["path"].isna().all()):
-        return False
-    rows = rec["stat_row"]
-    if rows.dtype == np.bool_:                      # the records' dtype: each cell True or False
-        return bool(rows.to_numpy().all())
-    return all(v is True for v in rows.tolist())
-
-
-def _side(dump, rank, io, include_parameters):
-    """The records ``compare`` turns into tensors for one rank (``_tensors`` + its filters)."""
-    rec = dump.records()
-    if rec.empty:
-        return rec
-    rec = rec[rec["rank"] == rank]
-    if rec.empty:
-        return rec
-    rec = rec[rec["iteration"].notna() | (rec["kind"] == "constant")]
-    if io:
-        rec = rec[rec["io"] == io]
-    if not include_parameters:
-        rec = rec[rec["kind"] == "op"]
-    return rec.reset_index(drop=True)
 
 
 class _Iteration:
@@ -143,21 +105,6 @@ def statistics_compare(da, db, rank_pairs, iterations, io, include_parameters, t
         return None                               # nothing matched: the per-row stages raise
     sp = StatPairs.build(sides, parts, thresholds, (UndefinedInputs(da), UndefinedInputs(db)))
     return finish_result(da, db, sp, rank_pairs, all_it, thresholds, sources)
-
-
-def _positions(its: List[Optional[int]]) -> Dict[Optional[int], np.ndarray]:
-    """Row positions of each iteration, in row order (taken run by run: records come
-    grouped by iteration)."""
-    import operator
-    n = len(its)
-    if not n:
-        return {}
-    cuts = np.flatnonzero(np.fromiter(map(operator.ne, its[1:], its[:-1]), dtype=bool, count=n - 1)) + 1
-    starts = [0] + cuts.tolist()
-    out: Dict[Optional[int], List[np.ndarray]] = {}
-    for s0, e0 in zip(starts, starts[1:] + [n]):
-        out.setdefault(its[s0], []).append(np.arange(s0, e0, dtype=np.int64))
-    return {k: v[0] if len(v) == 1 else np.concatenate(v) for k, v in out.items()}
 
 
 def _pair_rank(sa, sb, it_a, it_b, it_pairs):
@@ -219,7 +166,7 @@ def _tie_breaks(sa, sb, blocks, ai, bi, rules, dclass) -> bool:
     only the fingerprints (statistics values, as codes: :func:`_fingerprint_codes`) are
     block by block, and only the groups where a fingerprint of A meets another call's in B
     (:func:`_cross_matches`, all blocks of a kind at once) can re-pair."""
-    from .match import pair_by_fingerprint          # the matcher's pairing of fingerprints
+    from .tie_break import pair_by_fingerprint      # the matcher's pairing of fingerprints
     cols = ("kind", "graph", "op_file", "call", "op", "op_type", "io", "slot", "shape")
     arr_a = {c: sa[c].to_numpy(dtype=object) for c in cols}
     dclass_a = np.empty(len(dclass), dtype=object)
@@ -288,7 +235,7 @@ def _with_getters(groups: List[List[tuple]]) -> List[Tuple[List[tuple], List[Cal
 def _cross_matches(tied, kinds, ai, bi, code_a, code_b) -> List[np.ndarray]:
     """Per tied block, per tie group: whether a call's fingerprint in A equals another
     call's in B (the same codes at their offsets).  Where none does, the matcher's
-    :func:`.match.pair_by_fingerprint` pairs every call with itself (a call can only find
+    :func:`.tie_break.pair_by_fingerprint` pairs every call with itself (a call can only find
     its own place's fingerprint; the calls left over take the free places in order: their
     own), so only the groups marked here can move.  Worked out for all blocks of one kind
     at once (the same offsets: one array of codes per side, blocks by rows)."""
@@ -356,31 +303,3 @@ def _tie_groups(kind, graphs, files, calls, ops, types, iob, slots, shapes, dcla
         outs = sorted((k for k in ks if iob[k] == "output"), key=lambda k: slots[k]) or list(ks)
         scopes.setdefault(scope, {}).setdefault(sig, []).append((ks, tuple(outs)))
     return [group for sigs in scopes.values() for group in sigs.values() if len(group) >= 2]
-
-
-def _fingerprint_codes(sa, sb) -> Tuple[List[int], List[int]]:
-    """Per row of A and of B, a code standing for its statistics fingerprint (the matcher's
-    ``tuple(str(row[k]) for k in STAT_KEYS if k in row)``, STAT_KEYS the statistic keys): equal codes across the sides
-    exactly where those tuples are equal (float64 columns by their bits, NaN as one, as
-    ``str`` tells them apart; any other column through ``str``)."""
-    import pandas as pd
-    from .match import STAT_KEYS
-    ka = [c for c in STAT_KEYS if c in sa.columns]
-    kb = [c for c in STAT_KEYS if c in sb.columns]
-    na, nb = len(sa), len(sb)
-    if len(ka) != len(kb):                          # tuples of other lengths never agree
-        return [0] * na, [1] * nb
-    codes = np.zeros(na + nb, dtype=np.int64)
-    for ca, cb in zip(ka, kb):
-        x, y = sa[ca], sb[cb]
-        if x.dtype == y.dtype and x.dtype in (np.float64, np.int64, np.bool_):
-            vals = np.concatenate([x.to_numpy(), y.to_numpy()])
-            if vals.dtype == np.float64:
-                nan = np.isnan(vals)
-                vals = vals.view(np.int64).copy()
-                vals[nan] = 0x7FF8000000000000      # every NaN prints as nan
-        else:
-            vals = np.asarray(list(map(str, x.tolist())) + list(map(str, y.tolist())), dtype=object)
-        col, uniq = pd.factorize(vals)
-        codes = pd.factorize(codes * len(uniq) + col)[0]
-    return codes[:na].tolist(), codes[na:].tolist()

@@ -8,7 +8,7 @@ tuples (shapes, dtype classes) hashed again and again, and fingerprints built ca
 Here each tensor's signature ``(io, slot, shape, dtype class)`` is a code (one table for both
 sides), a call's signature a tuple of codes, a call's statistics fingerprint a tuple of the
 codes of :func:`.stat_fast._fingerprint_codes`; the alignment (:func:`.match.align`,
-:func:`.match._fill_gaps`) and the tie-break (:func:`.match.pair_by_fingerprint`) are the
+:func:`.match._fill_gaps`) and the tie-break (:func:`.tie_break.pair_by_fingerprint`) are the
 matcher's own functions on those codes (they look only at equality and order, which codes
 keep).
 
@@ -105,7 +105,7 @@ class ColumnSide:
 
 def sides_of(sa, sb) -> Optional[Tuple[ColumnSide, ColumnSide]]:
     """Both sides' columns, or None when a column cannot be read as the Tensor fields are."""
-    from .stat_fast import _fingerprint_codes
+    from .stat_sides import _fingerprint_codes
     try:
         fa, fb = _fingerprint_codes(sa, sb)
         codes: Dict[str, Dict[Any, int]] = {"io": {}, "shape": {}, "dclass": {}}
@@ -291,7 +291,7 @@ def _front_end(m: _Matching) -> List[RowPair]:
 def match_rank(A: ColumnSide, B: ColumnSide, it_pairs) -> List[RowPair]:
     """Every row of A and B (one rank pair) in exactly one pair, iteration pair by iteration
     pair in ``it_pairs`` order, as :func:`.match.match` pairs the tensors of those rows."""
-    from .stat_fast import _positions                  # rows of each iteration, in row order
+    from .stat_sides import _positions                  # rows of each iteration, in row order
     pos_a = {k: v.tolist() for k, v in _positions(A.iteration).items()}
     pos_b = {k: v.tolist() for k, v in _positions(B.iteration).items()}
     sig_codes: Dict[tuple, int] = {}
@@ -312,7 +312,7 @@ def column_pairs(da, ra, db, rb, io, include_parameters, ta, tb, it_pairs) -> Op
     :func:`.stat_fast._side` selects) matched over the columns, or None when this does not
     apply (module doc; ``OPDUMP_COMPARE_FAST=0`` too): the caller then runs the matchers."""
     from .pairs import Pair
-    from .stat_fast import _side, _usable, enabled
+    from .stat_sides import _side, _usable, enabled
     if not enabled() or ra not in da.ranks or rb not in db.ranks:
         return None
     sa, sb = _side(da, ra, io, include_parameters), _side(db, rb, io, include_parameters)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
-__all__ = ["tie_break"]
+__all__ = ["tie_break", "pair_by_fingerprint"]
 
 
 def tie_break(chosen: List[Tuple[int, int]], sig_a: Sequence, sig_b: Sequence,
@@ -24,7 +24,6 @@ def tie_break(chosen: List[Tuple[int, int]], sig_a: Sequence, sig_b: Sequence,
     fingerprints are equal are kept; every other call of that signature, aligned or not,
     takes in order the first call of the other side with an equal fingerprint; the aligned
     pairs left whole are kept.  An unknown fingerprint keeps the aligned pairs as they are."""
-    from .match import pair_by_fingerprint     # (match imports this module)
     groups: Dict[Any, List[Tuple[int, int]]] = {}
     for x, y in chosen:
         groups.setdefault(sig_a[x], []).append((x, y))
@@ -86,3 +85,22 @@ def _with_extras(group, fa, fb, ea, eb) -> List[Tuple[int, int]]:
 
 def _first(item) -> Any:
     return item[0]
+
+
+def pair_by_fingerprint(fa: Sequence, fb: Sequence) -> List[Tuple[int, int]]:
+    """Positions ``(i, j)`` pairing ``fa`` with ``fb``: each ``i`` in order takes the first free
+    ``j`` with an equal fingerprint; the ``i`` left over take the free ``j`` in order (the value
+    tie-break's rule, also reproduced on columns by :mod:`.stat_fast`)."""
+    free: Dict[Any, List[int]] = {}
+    for j, f in enumerate(fb):
+        free.setdefault(f, []).append(j)
+    out: List[Tuple[int, int]] = []
+    left: List[int] = []
+    for i, f in enumerate(fa):
+        js = free.get(f)
+        if js:
+            out.append((i, js.pop(0)))
+        else:
+            left.append(i)
+    taken = {j for _, j in out}
+    return out + list(zip(left, [j for j in range(len(fb)) if j not in taken]))
