@@ -66,11 +66,13 @@ class DumpLines:
 
 
 def _detach_rows(frame):
+    """Rows of operator ``detach`` calls (column-wise: the distinct types judged once)."""
     import numpy as np
-    types = frame["op_type"].tolist()
-    memo = {t: base_op_type(t) == "detach" for t in set(types)}
-    kinds = frame["kind"].tolist()
-    return np.fromiter((memo[t] and k == "op" for t, k in zip(types, kinds)), dtype=bool, count=len(types))
+    types = frame["op_type"]
+    detach = [t for t in types.unique().tolist() if base_op_type(t) == "detach"]
+    if not detach:
+        return np.zeros(len(frame), dtype=bool)
+    return types.isin(detach).to_numpy() & (frame["kind"] == "op").to_numpy()
 
 
 def split_detach_part(part, sa, sb, da, db):
@@ -82,7 +84,10 @@ def split_detach_part(part, sa, sb, da, db):
     both = (ai >= 0) & (bi >= 0)
     if not both.any():
         return part
-    det_a, det_b = _detach_rows(sa), _detach_rows(sb)
+    det_a = _detach_rows(sa)
+    if not det_a.any():
+        return part
+    det_b = _detach_rows(sb)
     idx = np.nonzero(both)[0]
     idx = idx[det_a[ai[idx]] & det_b[bi[idx]]]
     if not len(idx):
