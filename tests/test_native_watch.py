@@ -24,6 +24,7 @@ from opdump.capture.eager import EagerCapture
 from opdump.stats import native
 from conftest import write_config
 from dumpfiles import find, tensor_files
+from test_debug_overflow import Net     # fp16 origin at scale 1e4, carried Inf, -inf mask on purpose
 
 ENV = "OPDUMP_NATIVE_EAGER"
 _observer_built = native.module() is not None and hasattr(native.module(), "eager_observer")
@@ -42,25 +43,6 @@ def _as_in_a_fresh_eager_process():
 
 
 # ---------------------------------------------------------------------- workloads
-class Net(nn.Module):
-    """fp16: ``h * scale`` overflows when the scale is 1e4; then operators that only carry the
-    Inf along, and an attention-style masked softmax (-inf on purpose)."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(4, 4)
-        self.register_buffer("scale", torch.ones(()))
-
-    def forward(self, x):
-        h = self.fc(x).half() * 100.0
-        h = h * self.scale.half()                 # the origin when scale is 1e4
-        h = (h + 1).float() * 2                   # only propagate
-        scores = x @ x.t()
-        mask = torch.triu(torch.ones(4, 4, dtype=torch.bool), 1)
-        attn = scores.masked_fill(mask, float("-inf")).softmax(-1)     # -inf on purpose
-        return h.sum() + attn.sum()
-
-
 def _net():
     torch.manual_seed(0)
     model = Net()

@@ -199,14 +199,19 @@ class _Matching:
                 self.take(i, j, rule)
 
 
+def _scope_calls(m: _Matching):
+    """(A's calls, B's calls) of each scope both sides still have free rows in."""
+    calls_b = _Calls(m.B, m.free_b()).scopes
+    for scope, ca in _Calls(m.A, m.free_a()).scopes.items():
+        cb = calls_b.get(scope)
+        if cb:
+            yield ca, cb
+
+
 def _aligned(m: _Matching, sig_codes: Dict[tuple, int]) -> None:
     """:class:`.match.AlignedOrderMatcher` (with its value tie-break)."""
     A, B, ios = m.A, m.B, m.ios
-    calls_b = _Calls(B, m.free_b()).scopes
-    for scope, ca in _Calls(A, m.free_a()).scopes.items():
-        cb = calls_b.get(scope)
-        if not cb:
-            continue
+    for ca, cb in _scope_calls(m):
         sig_a = [_signature(A, c, ios, sig_codes) for c in ca]
         sig_b = [_signature(B, c, ios, sig_codes) for c in cb]
         by_sig = align(sig_a, sig_b)
@@ -251,11 +256,7 @@ def _by_name(m: _Matching) -> None:
 def _unique_signature(m: _Matching, sig_codes: Dict[tuple, int]) -> None:
     """:class:`.match.UniqueSignatureMatcher`."""
     A, B, ios = m.A, m.B, m.ios
-    calls_b = _Calls(B, m.free_b()).scopes
-    for scope, ca in _Calls(A, m.free_a()).scopes.items():
-        cb = calls_b.get(scope)
-        if not cb:
-            continue
+    for ca, cb in _scope_calls(m):
         count_a: Dict[int, List[int]] = {}
         count_b: Dict[int, List[int]] = {}
         for x, c in enumerate(ca):

@@ -55,31 +55,15 @@ def add_one_sided(c: Dict[str, list], keys: Dict[str, list], s: int, sa, sb, ai:
             c[k] += ident[k]
         op = _take(frame, "op", rows)
         dt, sh = dtypes(_take(frame, "dtype", rows)), shapes(_take(frame, "shape", rows))
+        for key_a, key_b, values in (("iteration", "iteration_b", it), ("op", "op_b", op), ("dtype_a", "dtype_b", dt),
+                                     ("shape_a", "shape_b", sh), ("row_a", "row_b", rows.tolist())):
+            c[key_a] += values if only_a else none
+            c[key_b] += none if only_a else values
         if only_a:
-            c["iteration"] += it
-            c["iteration_b"] += none
-            c["op"] += op
-            c["op_b"] += none
-            c["dtype_a"] += dt
-            c["dtype_b"] += none
-            c["shape_a"] += sh
-            c["shape_b"] += none
-            c["row_a"] += rows.tolist()
-            c["row_b"] += none
             c["op_file"] += _take(frame, "op_file", rows)
             for k in _NONE_KEYS:
                 c[k] += none
         else:
-            c["iteration"] += none
-            c["iteration_b"] += it
-            c["op"] += none
-            c["op_b"] += op
-            c["dtype_a"] += none
-            c["dtype_b"] += dt
-            c["shape_a"] += none
-            c["shape_b"] += sh
-            c["row_a"] += none
-            c["row_b"] += rows.tolist()
             c["op_file"] += none
             for k, src in zip(_NONE_KEYS, ("op_type", "io", "slot", "kind", "rank", "graph", "op_file", "call")):
                 c[k] += ident[src] if src in ident else _take(frame, src, rows)
