@@ -20,12 +20,34 @@ class Iteration:
     graph: int
     iteration: Optional[int]
     path: Path
-    files: List[TensorFile] = field(default_factory=list)
+    #: the tensor files as objects (:attr:`files`); None while only :attr:`file_columns` holds them
+    _files: Optional[List[TensorFile]] = field(default=None, repr=False)
     stats: List[Dict[str, Any]] = field(default_factory=list)
     kernel_args: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # op_file -> args
     raw_files: List[str] = field(default_factory=list)   # Ascend protobuf ("bin") files, not converted
     #: this iteration's own execution order (eager graphs write one per iteration); empty: the graph's
     execution_order: List[str] = field(default_factory=list)
+    #: the tensor files as columns (:mod:`.file_columns`) until :attr:`files` makes the objects
+    file_columns: Optional[Any] = field(default=None, repr=False, compare=False)
+
+    @property
+    def files(self) -> List[TensorFile]:
+        """The folder's tensor files, in timestamp order: made from :attr:`file_columns` on
+        first use (the columns are then dropped: the objects may be changed by the caller)."""
+        if self._files is None:
+            fc = self.file_columns
+            self._files = fc.tensor_files() if fc is not None else []
+            self.file_columns = None
+        return self._files
+
+    @files.setter
+    def files(self, value: List[TensorFile]) -> None:
+        self._files, self.file_columns = value, None
+
+    def has_files(self) -> bool:
+        """Whether the folder holds tensor files (without making their objects)."""
+        fc = self.file_columns
+        return len(fc) > 0 if fc is not None else bool(self._files)
 
 
 @dataclass

@@ -41,7 +41,7 @@ def frame_of_columns(ranks, skip, positions):
     for rid in sorted(ranks):
         rank = ranks[rid]
         for it in rank.iterations:
-            if it.files:
+            if it.has_files():                        # without making the file objects (.file_columns)
                 if it.stats or not columns_enabled():
                     return None                       # files and statistics rows joined: per row
                 part = _file_columns(rid, it, rank.graphs.get(it.graph), memo)
@@ -167,12 +167,13 @@ def _file_columns(rid, it, g, memo: _Memo) -> Optional[Tuple[int, Dict[str, List
     """The columns of a folder of tensor files without statistics rows, in the per-row build's
     key order (:func:`.records.iteration_rows`); None when (file name, io, slot, call)
     repeats (the per-row build keeps one row of such files)."""
-    files = it.files
-    n = len(files)
+    fc = it.file_columns                              # the scan's columns (.file_columns), else objects
+    files = it.files if fc is None else None
+    n = len(files) if fc is None else fc.n
     cols: Dict[str, Any] = {"rank": _Same(rid, n), "net": _Same(it.net, n), "graph": _Same(it.graph, n),
                             "iteration": _Same(it.iteration, n)}
     for k in _FILE_FIELDS:
-        cols[k] = [getattr(t, k) for t in files]
+        cols[k] = [getattr(t, k) for t in files] if fc is None else fc.cols[k]
     if len(set(zip(cols["op_file"], cols["io"], cols["slot"], cols["call"]))) != n:
         return None
     cols["stat_row"] = _Same(False, n)

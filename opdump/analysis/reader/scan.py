@@ -24,6 +24,7 @@ from .names_fast import resolved_fields
 from .containers import Graph, Iteration, Rank
 from .bins import bin_tensor_files
 from .files import TensorFile
+from .file_columns import FileColumns, file_columns
 from .ops import OpInfo
 from .sources import parse_ir
 from .statistics import read_statistic_columns, read_statistic_csv
@@ -197,12 +198,12 @@ def scan_iteration(it: Iteration, memo: Optional[Dict[tuple, Any]] = None) -> No
     if mp.is_file():
         mapping = ff.parse_mapping(_read_text(mp))
     order_name = fl.execution_order_file_name(it.graph)
-    files: List[TensorFile] = []
+    seq: List[Any] = []             # listing order: a .npy entry, or the TensorFiles of a bin file
     npy_ext = "." + ff.NPY
     for e in os.scandir(it.path):
         name = e.name
         if name.endswith(npy_ext) and name != order_name:      # a tensor file: the common case first
-            _add_npy(it, e, name, mapping, files)
+            seq.append(e)
             continue
         if name == ff.STATISTIC_FILE:
             if columns_enabled():                    # columns, the rows a view (stat_table)
@@ -224,18 +225,16 @@ def scan_iteration(it: Iteration, memo: Optional[Dict[tuple, Any]] = None) -> No
         if not name.endswith(npy_ext):
             bins = bin_tensor_files(it, e.path, mapping.get(name, name))    # Ascend bin file
             if bins is not None:
-                files.extend(bins)
+                seq.append(bins)
             elif ff.is_raw_name(mapping.get(name, name)):
                 it.raw_files.append(e.path)                                 # unreadable bin file
             continue
-        _add_npy(it, e, name, mapping, files)
-    files.sort(key=lambda t: (t.timestamp, t.op_file, t.io != "input", t.slot))
-    counters: Dict[Tuple[str, str, int], int] = {}
-    for t in files:
-        k = (t.op_file, t.io, t.slot)
-        t.call = counters.get(k, 0)
-        counters[k] = t.call + 1
-    it.files = files
+        seq.append(e)
+    fc = _file_columns(it, seq, mapping)
+    if fc is not None:
+        it.file_columns = fc                         # objects made only if asked for (.file_columns)
+    else:
+        it.files = _tensor_files(it, seq, mapping)
     # statistics: calls in timestamp order
     if isinstance(it.stats, StatRows):
         it.stats.table.sort_by_timestamp()
@@ -247,6 +246,46 @@ def scan_iteration(it: Iteration, memo: Optional[Dict[tuple, Any]] = None) -> No
         k = (sanitize(r.get("op", "")), r.get("io", ""), r.get("slot", 0))
         r["call"] = sc.get(k, 0)
         sc[k] = r["call"] + 1
+
+
+def _file_columns(it: Iteration, seq: List[Any], mapping: Dict[str, str]) -> Optional[FileColumns]:
+    """The folder's tensor files as :class:`.file_columns.FileColumns` when they are all
+    ``.npy`` files and no ``mapping.csv`` renames them (None otherwise, or when
+    ``OPDUMP_READER_COLUMNS=0``)."""
+    if not seq or mapping or not columns_enabled() or any(type(x) is list for x in seq):
+        return None
+    sizes: List[int] = []
+    try:                                # each file's size by its name in the open folder: no path walk
+        fd = os.open(it.path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        fd = -1
+    try:
+        for e in seq:
+            try:
+                sizes.append(os.stat(e.name, dir_fd=fd).st_size if fd >= 0 else e.stat().st_size)
+            except OSError:
+                sizes.append(0)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    return file_columns(it, [e.name for e in seq], [e.path for e in seq], sizes)
+
+
+def _tensor_files(it: Iteration, seq: List[Any], mapping: Dict[str, str]) -> List[TensorFile]:
+    """One :class:`TensorFile` per tensor file of ``seq``, sorted and numbered (call)."""
+    files: List[TensorFile] = []
+    for x in seq:
+        if type(x) is list:
+            files.extend(x)
+        else:
+            _add_npy(it, x, x.name, mapping, files)
+    files.sort(key=lambda t: (t.timestamp, t.op_file, t.io != "input", t.slot))
+    counters: Dict[Tuple[str, str, int], int] = {}
+    for t in files:
+        k = (t.op_file, t.io, t.slot)
+        t.call = counters.get(k, 0)
+        counters[k] = t.call + 1
+    return files
 
 
 def _add_npy(it: Iteration, e, name: str, mapping: Dict[str, str], files: List[TensorFile]) -> None:
@@ -326,6 +365,9 @@ def resolve_names(rank: Rank) -> None:
             fn = r.get("op", "")
             if fn and "/" not in fn and r.get("op_type") != ff.PARAMETER_TYPE:
                 r["op"] = m.get(fn) or global_map.get(fn) or m.get(sanitize(fn)) or fn
+        if it.file_columns is not None:
+            it.file_columns.resolve(m, global_map)          # the same rule, per distinct name
+            continue
         for t in it.files:
             if t.kind == "op":
                 t.op = m.get(t.op_file) or global_map.get(t.op_file) or t.op_file
