@@ -13,6 +13,7 @@ from .containers import Graph, Iteration, Rank
 from .files import TensorFile, npy_header
 from .ops import OpInfo
 from .records import build_records
+from .stat_table import share_cells
 from . import bincache
 from .acl import scan_acl_rank
 from .scan import scan_rank
@@ -40,6 +41,12 @@ class Dump:
         for rid, rp in acl or []:
             self.ranks[rid] = scan_acl_rank(rid, rp)
         self._records = None
+
+    def __getstate__(self):
+        """Pickled as its attributes, its statistic tables' cells in one shared nested pickle
+        (:func:`.stat_table.share_cells`: compare's parallel open sends B this way)."""
+        share_cells(self.ranks)
+        return self.__dict__
 
     # ------------------------------------------------------------------ objects
     @property
