@@ -47,6 +47,7 @@ import numpy as np
 from ..metrics_batch import batch_metrics
 from ..reader import bincache
 from ..reader.npy import _fast_header, npy_layouts_sized, read_regions
+from .match import _FINGERPRINT_BYTES as _TAIL_BYTES        # a file this small is its own fingerprint tail
 
 __all__ = ["Ahead", "start"]
 
@@ -120,19 +121,26 @@ def _read_all(files: List[Tuple[str, int]]) -> List[Tuple[Any, Optional[bytes]]]
     return out
 
 
-def _work(items: Sequence[Tuple[str, int, str, int]]):
-    """In a worker: ``(layouts, results)`` -- ``layouts`` the layout (or None: unreadable, left
-    to the main process) of every file of ``items`` (path A, size A, path B, size B; A's then
-    B's, item by item), and ``results`` (position in ``items``, metrics) of each item whose
-    two headers read.  Small files are read once, whole; their data regions are served from those bytes."""
+def _work(items: Sequence[Tuple[str, int, str, int, bool]]):
+    """In a worker: ``(layouts, results, tails)`` -- ``layouts`` the layout (or None: unreadable,
+    left to the main process) of every file of ``items`` (path A, size A, path B, size B,
+    whether they are output tensors; A's then B's, item by item), ``results`` (position in
+    ``items``, metrics) of each item whose two headers read, and ``tails`` (position among
+    the files, ``hash`` of the bytes) of the output files read whole: the value tie-break's
+    fingerprint, ``hash(match._tail(path))`` -- a whole small file is its last 64 KiB, and a
+    forked worker hashes bytes with this process's hash secret.  Small files are read once,
+    whole; their data regions are served from those bytes."""
     held: Dict[str, bytes] = {}
     lays: List[Any] = []
-    files = [f for pa, sa, pb, sb in items for f in ((pa, sa), (pb, sb))]
-    for (p, _), (lay, data) in zip(files, _read_all(files)):
+    tails: List[Tuple[int, int]] = []
+    files = [f for pa, sa, pb, sb, _ in items for f in ((pa, sa), (pb, sb))]
+    for i, ((p, _), (lay, data)) in enumerate(zip(files, _read_all(files))):
         if isinstance(lay, Exception):
             lay = None
         elif data is not None:
             held[p] = data
+            if items[i >> 1][4] and len(data) <= _TAIL_BYTES:
+                tails.append((i, hash(data)))
         lays.append(lay)
 
     def read(jobs):
@@ -151,11 +159,11 @@ def _work(items: Sequence[Tuple[str, int, str, int]]):
         return errs
 
     tasks = []
-    for k, (pa, _, pb, _) in enumerate(items):
+    for k, (pa, _, pb, _, _) in enumerate(items):
         la, lb = lays[2 * k], lays[2 * k + 1]
         if la is not None and lb is not None:
             tasks.append((k, pa, pb, _nbytes(la) + _nbytes(lb), la, lb))
-    return lays, batch_metrics(tasks, read)          # by position in the batch: no path travels back
+    return lays, batch_metrics(tasks, read), tails   # by position in the batch: no path travels back
 
 
 def _nbytes(layout) -> int:
@@ -165,7 +173,7 @@ def _nbytes(layout) -> int:
     return n
 
 
-def _batches(items: List[Tuple[str, int, str, int]], workers: int) -> List[list]:
+def _batches(items: List[Tuple[str, int, str, int, bool]], workers: int) -> List[list]:
     """``items`` largest first, in batches as :func:`.pool.run_pairs` cuts them: big pairs a few
     per batch, small ones by bytes and count (one round trip for many)."""
     from .pool import SMALL_BATCH_BYTES, SMALL_BATCH_COUNT, _batches as cut
@@ -188,6 +196,8 @@ class Ahead:
         self.executor, self.futures, self.batches, self.progress = executor, futures, batches, progress
         self.known: Optional[Dict[str, Any]] = None
         self.done: Dict[Tuple[str, str], Tuple[Any, Any, Dict[str, Any]]] = {}
+        #: path -> ``hash(match._tail(path))`` of the output files the workers read whole
+        self.tails: Dict[str, int] = {}
 
     def _collect(self) -> None:
         if self.known is not None:
@@ -198,17 +208,19 @@ class Ahead:
         try:
             for f, items in zip(self.futures, self.batches):
                 try:
-                    lays, results = f.result()
+                    lays, results, tails = f.result()
                 except Exception:  # noqa: BLE001 - a worker failed: those files are read again here
                     continue
                 finally:
                     if bar is not None:
                         bar.update(len(items))
-                for (pa, _, pb, _), la, lb in zip(items, lays[0::2], lays[1::2]):
+                for (pa, _, pb, _, _), la, lb in zip(items, lays[0::2], lays[1::2]):
                     if la is not None:
                         self.known[pa] = la
                     if lb is not None:
                         self.known[pb] = lb
+                for i, h in tails:
+                    self.tails[items[i >> 1][2 * (i & 1)]] = h
                 for k, m in results:
                     self.done[(items[k][0], items[k][2])] = (lays[2 * k], lays[2 * k + 1], m)
         finally:
@@ -271,19 +283,20 @@ def start(sides, positions, workers: Optional[int], parallel_min: int, progress:
     from .pool import PARALLEL_MIN_BYTES, _mp_context, _worker_init
     if not enabled() or workers is None or workers < 2 or not sys.platform.startswith("linux"):
         return None
-    items: List[Tuple[str, int, str, int]] = []
+    items: List[Tuple[str, int, str, int, bool]] = []
     for (sa, sb), blocks in zip(sides, positions):
         if blocks is None or "nbytes" not in sa.columns or "nbytes" not in sb.columns or not _alike(sa, sb, blocks):
             return None
         pa_all, pb_all = sa["path"].to_numpy(dtype=object), sb["path"].to_numpy(dtype=object)
         na_all, nb_all = sa["nbytes"].to_numpy(dtype=object), sb["nbytes"].to_numpy(dtype=object)
+        out_all = sa["io"].to_numpy(dtype=object) == "output"       # B's io is A's (_alike)
         for ra, rb in blocks:
             if len(ra) != len(rb) or not len(ra):
                 continue
-            for pa, na, pb, nb in zip(pa_all[ra].tolist(), na_all[ra].tolist(), pb_all[rb].tolist(),
-                                      nb_all[rb].tolist()):
+            for pa, na, pb, nb, out in zip(pa_all[ra].tolist(), na_all[ra].tolist(), pb_all[rb].tolist(),
+                                           nb_all[rb].tolist(), out_all[ra].tolist()):
                 if type(na) is int and type(nb) is int:
-                    items.append((pa, na, pb, nb))
+                    items.append((pa, na, pb, nb, out))
     total = sum(t[1] + t[3] for t in items)
     if not (len(items) >= parallel_min or (len(items) >= 2 and total >= PARALLEL_MIN_BYTES)):
         return None

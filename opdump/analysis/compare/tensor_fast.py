@@ -75,10 +75,13 @@ def _tail_hash(path: str) -> Optional[int]:
         return None
 
 
-def _fingerprints(sa, sb, it_a, it_b, it_pairs) -> bool:
+def _fingerprints(sa, sb, it_a, it_b, it_pairs, tails: Optional[Dict[str, int]] = None) -> bool:
     """Give ``sa``/``sb`` the fingerprint column of the rows the value tie-break looks at (the
     output files of calls that tie, :func:`.stat_fast._tie_groups` on A's rows, and B's rows
-    at the same places); False when a file's tail cannot be read (the per-pair stages decide)."""
+    at the same places); False when a file's tail cannot be read (the per-pair stages decide).
+    ``tails``: path -> the same hash, from the bytes the workers read (:mod:`.tensor_ahead`);
+    other files are read here."""
+    tails = tails or {}
     pos_a, pos_b = _positions(it_a), _positions(it_b)
     arr = {c: sa[c].to_numpy(dtype=object) for c in _TIE_COLS}
     dclass = np.empty(len(sa), dtype=object)
@@ -110,7 +113,9 @@ def _fingerprints(sa, sb, it_a, it_b, it_pairs) -> bool:
         col: List[Any] = [None] * len(frame)
         paths = frame["path"].tolist()
         for r in need:
-            h = _tail_hash(paths[r])
+            h = tails.get(paths[r])
+            if h is None:
+                h = _tail_hash(paths[r])
             if h is None:
                 return False
             col[r] = h
@@ -158,7 +163,7 @@ def _columns(da, db, raw, its, rank_pairs, thresholds, sources, layouts, run_met
             return None
         originals.append((sa, sb))                     # the records as Tensor.row holds them
         (sa, la), (sb, lb) = xa, xb
-        if not _fingerprints(sa, sb, it_a, it_b, it_pairs):
+        if not _fingerprints(sa, sb, it_a, it_b, it_pairs, ahead.tails if ahead is not None else None):
             return None
         part = _pair_rank(sa, sb, it_a, it_b, it_pairs)
         if part is None:
