@@ -23,7 +23,10 @@ worker's -- and then they are the dict :func:`opdump.analysis.metrics_batch.batc
 gives for that task, the function :func:`.pool.run_pairs` runs (its result does not depend
 on which other pairs share the batch: tests/test_compare_batch_metrics.py; the data region
 is served from the bytes the worker read, the bytes a read gives).  Every other pair (a
-different pairing, a worker that failed) goes to :func:`.pool.run_pairs` as before.  Files
+different pairing, a worker that failed) goes to :func:`.pool.run_pairs` as before.  The
+value tie-break's fingerprint of an output file a worker read whole (``Ahead.tails``) is
+``hash`` of those bytes, what ``hash(match._tail(path))`` gives (a file of at most 64 KiB
+is its own tail; a forked worker hashes with this process's secret).  Files
 that change while the compare runs may be seen before or after the change, as on the
 per-pair path.  The pool is shut down once the results are collected, and by
 :meth:`Ahead.close` (no worker outlives the compare; no thread stays behind to make a

@@ -7,6 +7,7 @@ definitions the writer uses; this package reads a dump with them:
 * :mod:`.scan`        reading a rank's folders and mapping files back to operators
 * :mod:`.containers`  :class:`Rank`, :class:`Graph`, :class:`Iteration`
 * :mod:`.files`       :class:`TensorFile`, loading arrays (memory-mapped, never unpickled)
+* :mod:`.file_columns` a folder's tensor files as columns, their objects made on first use
 * :mod:`.statistics`  reading ``statistic.csv``
 * :mod:`.sources`     which source frames are the user's; reading a ``.ir`` file
 * :mod:`.ops`         :class:`OpInfo`
