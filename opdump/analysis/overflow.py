@@ -13,7 +13,11 @@ of an operator that was not dumped), the origin is reported as ``kind="input"``
 on that operator; when it comes from a NaN non-tensor *argument*
 (``x + float("nan")``), as ``kind="argument"``.  Operators after the origin whose
 outputs hold NaN/Inf are the *affected* ones (victims), listed up to
-``max_affected``.
+``max_affected``.  Operators after the origin that overflowed on their own -- outputs
+NaN/Inf, floating inputs dumped and finite (another ``exp`` that overflows in the same
+step, a backward operator, every entry of an overflow-only dump after the first) -- are
+not victims of the origin: they are listed apart, in :attr:`OverflowReport.more_origins`
+(up to ``max_affected`` as well).
 
 **Inf on purpose.**  Models make ``-inf`` deliberately: attention masks
 (``scalar_tensor(-inf)``, ``masked_fill(…, -inf)``, ``full(…, finfo.min)`` in a
@@ -110,6 +114,8 @@ class OverflowEvent:
 class OverflowReport:
     origin: Optional[OverflowEvent]
     affected: List[OverflowEvent] = field(default_factory=list)
+    #: later operators that overflowed on their own (finite inputs), after the origin
+    more_origins: List[OverflowEvent] = field(default_factory=list)
     per_rank: Dict[int, Optional[OverflowEvent]] = field(default_factory=dict)
     scanned_tensors: int = 0
     unknown_tensors: int = 0           # finiteness could not be told (no stats, no data)
@@ -211,6 +217,7 @@ def find_overflow(dump: Dump, rank: Optional[int] = None, iterations: Optional[I
         rows = sorted(by_rank[rk], key=lambda r: (int(r["iteration"]), int(r["order"])))
         origin: Optional[OverflowEvent] = None
         affected: List[OverflowEvent] = []
+        more: List[OverflowEvent] = []         # later operators that overflowed on their own
         seen_bad = False
         iteration, on_purpose = None, set()     # signatures of the iteration's on-purpose Inf tensors
         i = 0
@@ -221,7 +228,7 @@ def find_overflow(dump: Dump, rank: Optional[int] = None, iterations: Optional[I
                 j += 1
             group = rows[i:j]
             i = j
-            if origin is not None and len(affected) >= max_affected:
+            if origin is not None and max(len(affected), len(more)) >= max_affected:
                 break
             states = [_state(r, use_tensors, report.unreadable) for r in group]
             if bar is not None:
@@ -261,11 +268,14 @@ def find_overflow(dump: Dump, rank: Optional[int] = None, iterations: Optional[I
                     origin = ev
                 seen_bad = True
                 continue
-            if bad_out:
+            if verdict in (ARGUMENT, OPERATOR) and ev.inputs_checked:
+                ev.kind = verdict                   # finite inputs: an origin of its own, not a victim
+                more.append(ev)
+            elif bad_out:
                 affected.append(ev)
         report.per_rank[rk] = origin
         if origin is not None:
-            first_events.append((origin.iteration, rk, origin, affected))
+            first_events.append((origin.iteration, rk, origin, affected, more))
     if bar is not None:
         bar.close()
     if report.scanned_tensors == 0 and not report.unreadable:
@@ -276,5 +286,5 @@ def find_overflow(dump: Dump, rank: Optional[int] = None, iterations: Optional[I
     report.method = "+".join(sorted(methods)) if methods else ""
     if first_events:
         first_events.sort(key=lambda t: (t[0], t[1]))
-        _, _, report.origin, report.affected = first_events[0]
+        _, _, report.origin, report.affected, report.more_origins = first_events[0]
     return report

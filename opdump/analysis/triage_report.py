@@ -309,6 +309,12 @@ def write_overflow_html(dump, report, path: Union[str, os.PathLike]) -> str:
                 f"<li><code>{_e(e.op)}</code> (iteration {_e(e.iteration)}"
                 + (f", <code>{_e(e.source)}</code>" if e.source else "") + ")</li>" for e in report.affected)
                 + "</ul></div>")
+        more = getattr(report, "more_origins", [])
+        if more:
+            boxes.append("<div class='box' id='more-origins'><b>Also overflowed on their own (finite inputs)</b><ul>"
+                         + "".join(f"<li><code>{_e(e.op)}</code> (iteration {_e(e.iteration)}"
+                                   + (f", <code>{_e(e.source)}</code>" if e.source else "") + ")</li>" for e in more)
+                         + "</ul></div>")
     return write_trend_html(dump, path, "opdump overflow", boxes, (o.iteration, o.op) if o else None,
                             rank=o.rank if o else None)
 

@@ -90,7 +90,8 @@ def from_overflow(dump: Dump, iterations: Optional[Sequence[int]] = None, progre
     rep = find_overflow(dump, iterations=iterations, progress=progress)
     s = Suspects("overflow")
     s.analysis = {"origin": rep.origin.to_dict() if rep.origin else None,
-                  "affected": [e.to_dict() for e in rep.affected], "scanned_tensors": rep.scanned_tensors,
+                  "affected": [e.to_dict() for e in rep.affected],
+                  "more_origins": [e.to_dict() for e in rep.more_origins], "scanned_tensors": rep.scanned_tensors,
                   "method": rep.method}
     o = rep.origin
     if o is None:
@@ -101,6 +102,7 @@ def from_overflow(dump: Dump, iterations: Optional[Sequence[int]] = None, progre
     s.add_op(dump, o.op, o.rank, o.graph)
     s.add_iteration(o.iteration)
     s.notes += [f"next affected: {e.op} (iteration {e.iteration})" for e in rep.affected]
+    s.notes += [f"also overflowed on its own: {e.op} (iteration {e.iteration})" for e in rep.more_origins]
     return s
 
 

@@ -146,7 +146,8 @@ def cmd_overflow(args) -> int:
         if not clean:
             return _err(rep.nothing)
         if args.json:
-            print(json.dumps({"found": False, "origin": None, "affected": [], "per_rank": {}, "scanned_tensors": 0,
+            print(json.dumps({"found": False, "origin": None, "affected": [], "more_origins": [], "per_rank": {},
+                              "scanned_tensors": 0,
                               "unknown_tensors": 0, "method": "overflow.json", "unreadable": []}, indent=1))
         else:
             print(f"no NaN/Inf found: the overflow watch (op_debug_mode 3) lists no overflowing operator "
@@ -160,6 +161,7 @@ def cmd_overflow(args) -> int:
     if args.json:
         print(json.dumps({"found": rep.found, "origin": rep.origin.to_dict() if rep.origin else None,
                           "affected": [e.to_dict() for e in rep.affected],
+                          "more_origins": [e.to_dict() for e in rep.more_origins],
                           "per_rank": {str(k): (v.to_dict() if v else None) for k, v in rep.per_rank.items()},
                           "scanned_tensors": rep.scanned_tensors, "unknown_tensors": rep.unknown_tensors,
                           "method": rep.method, "unreadable": _unreadable_json(rep.unreadable)}, indent=1))
@@ -193,6 +195,10 @@ def cmd_overflow(args) -> int:
     if rep.affected:
         print("next affected operators:")
         for e in rep.affected:
+            print(f"    {e.op}  (iteration {e.iteration}" + (f", {e.source}" if e.source else "") + ")")
+    if rep.more_origins:
+        print("also overflowed on their own (finite inputs, not affected by the first):")
+        for e in rep.more_origins:
             print(f"    {e.op}  (iteration {e.iteration}" + (f", {e.source}" if e.source else "") + ")")
     others = [(k, v) for k, v in rep.per_rank.items() if v is not None and v is not o]
     for k, v in others:
