@@ -57,7 +57,7 @@ def _names(draw):
     return name + draw(st.sampled_from([".npy", ".npy", ".npy", ".bin", ""]))
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=250, deadline=None)
 @given(st.lists(_names(), max_size=6))
 def test_split_names_agrees_with_the_expression(names):
     for n in names:                                  # each name alone, then the folder's list

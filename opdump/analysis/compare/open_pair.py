@@ -1,5 +1,6 @@
 """Opening A and B at the same time: B is read (folders scanned, records table built) in a
-forked child process while this process reads A, and comes back pickled.
+forked child process while this process reads A, and comes back pickled (streamed: this
+process unpickles while the child is still pickling).
 
 Why: reading is a third of a statistics-only compare (100,000 rows: ~0.65 s per side of
 one core) and the two dumps are independent; on two cores the command's wall time drops
@@ -77,19 +78,19 @@ def _others_running() -> int:
     return max(0, running - 1)
 
 
+#: the pipe's buffers on either side (the pickle streams through them)
+_BUFFER = 1 << 20
+
+
 def _child(w: int, b: Any, open_dump: Callable[[Any], Any]) -> None:
-    """In the forked child: open ``b``, build its records, write the pickle to ``w``, exit."""
+    """In the forked child: open ``b``, build its records, pickle them into ``w``, exit."""
     code = 1
     try:
         with warnings.catch_warnings(record=True) as shown:
             d = open_dump(b)
             d.records()
         said = [(str(x.message), x.category, x.filename, x.lineno) for x in shown]
-        data = pickle.dumps((d, said), protocol=pickle.HIGHEST_PROTOCOL)
-        view = memoryview(data)
-        while view:
-            n = os.write(w, view)
-            view = view[n:]
+        _send(w, (d, said))
         code = 0
     except BaseException:  # noqa: BLE001 - the parent opens B itself
         pass
@@ -97,24 +98,31 @@ def _child(w: int, b: Any, open_dump: Callable[[Any], Any]) -> None:
         os._exit(code)
 
 
+def _send(w: int, obj: Any) -> None:
+    """Pickle ``obj`` into the pipe ``w`` as it is made (framed: the parent unpickles the
+    frames while the later ones are being made), then close it."""
+    with os.fdopen(w, "wb", buffering=_BUFFER) as f:
+        pickle.dump(obj, f, protocol=pickle.HIGHEST_PROTOCOL)
+
+
 def _collect(r: int, pid: int) -> Optional[Any]:
-    """The child's dump (None when it failed): read its pipe to the end, then reap it."""
-    chunks = []
+    """The child's dump (None when it failed): unpickled from its pipe as it arrives, the
+    rest of the pipe drained, the child reaped; used only when the child exited with 0
+    (a child that dies mid-way leaves a torn pickle: B is then opened here)."""
+    got = None
     try:
-        while True:
-            chunk = os.read(r, 1 << 20)
-            if not chunk:
-                break
-            chunks.append(chunk)
+        with os.fdopen(r, "rb", buffering=_BUFFER) as f:
+            try:
+                got = pickle.load(f)
+            except Exception:  # noqa: BLE001 - a torn or empty pickle: open B here
+                got = None
+            while f.read(_BUFFER):                  # nothing should be left; never leave the child blocked
+                got = None
     finally:
-        os.close(r)
         _, status = os.waitpid(pid, 0)
-    if not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0 or not chunks:
+    if got is None or not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
         return None
-    try:
-        d, said = pickle.loads(b"".join(chunks))
-    except Exception:  # noqa: BLE001 - a torn pickle: open B here
-        return None
+    d, said = got
     for message, category, filename, lineno in said:
         warnings.warn_explicit(message, category, filename, lineno)
     return d
