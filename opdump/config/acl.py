@@ -23,6 +23,7 @@ from .errors import ConfigError
 from .iteration import parse_iteration
 from .model import DumpConfig
 from .rules import apply_rules
+from .warn import warn_config
 from ..format.acl_layout import sanitize_model_name
 
 DUMP = "dump"
@@ -110,6 +111,7 @@ def parse_acl(dump: Any, env: Mapping[str, str], extra: Mapping[str, Any] = ()) 
                                   'only used with "dump_scene": "watcher"')
         if kw.get("op_debug_mode") == 3:
             # dump_data "stats" is allowed: statistic.csv rows of the overflowing operators (README, Debug dumps)
+            _warn_overflow_ignores(dump, entries)
             kw["input_output"] = 0                          # overflow dump saves inputs and outputs
         else:
             if entries and all(e.get("layer") for _, e in entries):
@@ -121,6 +123,19 @@ def parse_acl(dump: Any, env: Mapping[str, str], extra: Mapping[str, Any] = ()) 
     kw.update(extra)
     kw = apply_rules(kw, NAMES)
     return DumpConfig(layout="acl", dialect="acl", **kw)
+
+
+def _warn_overflow_ignores(dump: Mapping[str, Any], entries) -> None:
+    """``dump_debug: "on"`` watches every operator of every graph and saves inputs and outputs
+    (README, Debug dumps), as CANN's overflow detection does: say so when the config asks for
+    less -- ``layer``/``model_name`` entries or a ``dump_mode`` other than "all" -- rather than
+    drop them silently (the MindSpore dialect warns the same way for ``dump_mode`` 1)."""
+    ignored = [f'dump.dump_list[{i}].{k}' for i, e in entries for k in ("model_name", "layer") if e.get(k)]
+    if dump.get("dump_mode") not in (None, "all"):
+        ignored.append(f'dump.dump_mode "{dump["dump_mode"]}"')
+    if ignored:
+        warn_config(f'opdump: {", ".join(ignored)} ignored with dump.dump_debug "on": every operator of every '
+                    "graph is watched for overflow, and an overflowing operator's inputs and outputs are saved")
 
 
 def _check_watcher(kw: Dict[str, Any], entries, watched: Tuple[str, ...], op_switch: str) -> None:
