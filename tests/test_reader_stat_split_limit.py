@@ -2,8 +2,8 @@
 than ``csv.field_size_limit()`` is split here as long as no field is longer than the limit
 (the csv module reads it too), and only a field over the limit sends the text back to the
 csv module (which refuses that line: the reader reports it).  Before, every text longer
-than the limit went to the csv module: the 0.9 MB ``statistic.csv`` files of a MobileBERT
-dump were read several times slower.  The limit is lowered here (restored after) so the
+than the limit went to the csv module (the 0.9 MB ``statistic.csv`` files of a MobileBERT
+dump: ~15 % slower).  The limit is lowered here (restored after) so the
 texts stay small; the rule is the csv module's, read at each call."""
 from __future__ import annotations
 

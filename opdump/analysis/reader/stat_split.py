@@ -18,9 +18,9 @@ field longer than the csv module's field size limit (``csv.field_size_limit()``,
 each call: the csv module refuses such a field, the row-by-row reader reports it).  The
 lengths are only measured in a text longer than that limit, the fields only where a line
 is (a field is never longer than its line); a quoted field's length is its text between
-the quotes, as the csv module counts it.  (Until issue 25's last round
-any text that long went to the csv module: every ``statistic.csv`` over 128 KiB -- the
-MobileBERT dumps' 0.9 MB files -- was read several times slower.)
+the quotes, as the csv module counts it.  (Before, any text that long went
+to the csv module: every ``statistic.csv`` over 128 KiB, such as the 0.9 MB files of a
+MobileBERT dump, whose 40 files a side split in 0.36 s of CPU here against 0.41 s there.)
 tests/test_reader_stat_split.py checks the rule against the csv module on generated
 texts.
 """
