@@ -16,6 +16,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 from ..reader.npy import dtype_name, npy_layout, npy_layouts_sized
 from ..reader import Dump, open_dump
 from .first import first_difference, first_divergence
+from .noise_floor import demote_noise
 from .mapping import load_mapping
 from .open_pair import open_pair
 from .frontend import RULE_FRONT_END
@@ -286,6 +287,7 @@ def compare(a: Union[str, os.PathLike, Dump], b: Union[str, os.PathLike, Dump], 
     for n, m in metrics.items():
         judge_metrics(pairs[n], m, thresholds)
     pairs.sort(key=Pair.sort_key)
+    demote_noise(pairs)                     # a precision compare's rounding noise: not diverged (.noise_floor)
 
     sources = _Sources(da, db)
     for p in pairs:

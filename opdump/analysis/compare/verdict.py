@@ -19,6 +19,12 @@ Two questions are answered for every compared pair:
     the largest relative difference of max/min/avg/l2norm (avg's against the tensors' largest
     magnitude, :func:`_magnitude`): > 1e-2 diverged, > 1e-3 warning.
   - ``nondeterministic``: a random operator's output that would be diverged.
+  - precision compares (A and B hold different floating dtypes): an output whose error is at
+    or below ``eps(lower-precision dtype) × max|input|`` over its operator call's floating
+    inputs (B's values: ``max_abs_ref``, or the statistics' max/min) is rounding noise of
+    its inputs: ``warning``, not ``diverged`` (nor ``nondeterministic``).  Applied after the
+    verdicts here, once per compare path, by :mod:`.noise_floor` (which states the rule and
+    its guarantees); same-dtype compares are unchanged.
   - ``skipped``: undefined values (outputs of ``empty*``, the overwritten input of
     ``fill_``/``zero_``/``copy_``…), never compared.
   - ``unmatched``: one side only, or tensors whose element counts differ (a user mapping

@@ -1,0 +1,220 @@
+"""The noise floor of a precision compare: a ``diverged`` verdict that is only the rounding
+of the operator's inputs is demoted to ``warning`` (README "Analysis", compare).
+
+Why: a bf16 run against an fp32 one rounds every input by up to one ulp of its scale, and
+an output whose true value is ~0 (the mean of a normalised tensor: ~1e-8 in fp32, ~1e-4 in
+bf16) then holds only that rounding, so its cosine is noise (< 0.9: ``diverged``) although
+its error is far below one bf16 ulp of the inputs (a LayerNorm's mean on a ConvNeXt, found
+by a hold-out trial).
+
+The rule, per operator call of A (its rank, iteration, graph, file name and call):
+
+* the call is a *precision* call when one of its compared floating pairs (inputs or outputs)
+  holds different dtypes in A and B; ``eps`` is the machine epsilon of the lowest precision
+  among those pairs' dtypes (bf16 ``2**-7``, fp16 ``2**-10``, fp32 ``2**-23``…);
+* ``bound = eps × max|input|`` over the call's compared floating inputs, on B's (the
+  reference's) side: a tensor pair's ``max_abs_ref``, a statistics pair's ``max(|max|, |min|)``
+  (finite values only);
+* an output pair of the call whose verdict is ``diverged`` (or ``nondeterministic``), with no
+  NaN/Inf mismatch, and whose error is at or below ``bound`` is rounding noise of its inputs:
+  its verdict becomes ``warning``, its reason says so.  The error of a tensor pair is its
+  ``max_abs_err``; of a statistics pair the largest element-wise error its statistics prove,
+  ``max(|Δmax|, |Δmin|, |Δavg|, |Δl2norm| / sqrt(count))``;
+* an input pair (of any later call of the same rank and iteration) with a ``diverged``
+  verdict and exactly the values of an output demoted here (same shape, dtypes and metrics,
+  or same statistics on both sides) is that same tensor, consumed: it is demoted too, its
+  reason naming the output.
+
+Guarantees: a compare whose pairs all hold the same dtypes, a call without a compared
+floating input, and any error above the bound are left as they are; only verdicts change
+(``diverged``/``nondeterministic`` -> ``warning``) and their reasons, never metrics nor
+``identical``.  Every compare path runs :func:`demote_noise` on :class:`.pairs.Pair` records
+after its verdicts and before the first difference/divergence, the summary and the table:
+``compare``'s per-row stages on all its pairs, the column-wise paths (:mod:`.stat_pairs`'
+``column_summary``, shared by the statistics and tensor-file paths) through
+:func:`demote_columns`, on the pairs of the calls holding a candidate -- the only pairs
+the rule reads -- so both give the same verdicts.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from .pairs import Pair
+
+__all__ = ["eps_of", "demote_noise", "demote_columns", "CANDIDATE_VERDICTS"]
+
+#: the verdicts the rule may demote
+CANDIDATE_VERDICTS = frozenset(("diverged", "nondeterministic"))
+_NO_DATA = frozenset(("skipped", "unreadable", "unmatched"))
+_STATS = ("max", "min", "avg", "l2norm")
+
+
+def eps_of(dtype: Any) -> Optional[Tuple[float, str]]:
+    """(machine epsilon, short name) of a floating dtype name (MindSpore ``BFloat16`` or numpy
+    ``bfloat16`` alike), None for any other (integers, bools, unknown)."""
+    s = str(dtype or "").lower()
+    if not s or s in ("none", "nan"):
+        return None
+    if "bfloat16" in s or s == "bf16":
+        return 2.0 ** -7, "bf16"
+    if "float8" in s:
+        return (2.0 ** -2, "fp8") if "e5m2" in s else (2.0 ** -3, "fp8")
+    if "float16" in s or s in ("half", "f2", "fp16"):
+        return 2.0 ** -10, "fp16"
+    if "float64" in s or "double" in s or "complex128" in s or s in ("f8", "fp64"):
+        return 2.0 ** -52, "fp64"
+    if "float" in s or "complex" in s or s in ("f4", "fp32"):
+        return 2.0 ** -23, "fp32"
+    return None
+
+
+def _dtypes(p: Pair) -> Tuple[Any, Any]:
+    return p.a.dtype, p.b.dtype
+
+
+def _finite(x: Any) -> Optional[float]:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _scale(p: Pair) -> Optional[float]:
+    """max|B| of a compared pair (finite), None when unknown."""
+    if p.mode == "statistics":
+        vals = [abs(v) for v in (_finite(p.b.row.get(k)) for k in ("max", "min")) if v is not None]
+        return max(vals) if vals else None
+    return _finite(p.metrics.get("max_abs_ref"))
+
+
+def _stat_error(p: Pair) -> Optional[float]:
+    """The largest element-wise error the statistics of a pair prove (module doc), None when
+    a statistic is NaN/Inf on one side or none is comparable."""
+    ra, rb = p.a.row, p.b.row
+    worst, seen = 0.0, False
+    for k in _STATS:
+        a, b = ra.get(k), rb.get(k)
+        try:
+            a, b = float(a), float(b)
+        except (TypeError, ValueError):
+            continue
+        if not (math.isfinite(a) and math.isfinite(b)):
+            if a == b or (a != a and b != b):
+                continue
+            return None
+        d = abs(a - b)
+        if k == "l2norm":
+            n = _finite(rb.get("count")) or _finite(ra.get("count"))
+            if n and n > 1:
+                d /= math.sqrt(n)
+        worst, seen = max(worst, d), True
+    return worst if seen else None
+
+
+def _error(p: Pair) -> Optional[float]:
+    if p.mode == "statistics":
+        return _stat_error(p)
+    if p.metrics.get("nonfinite_mismatch"):
+        return None
+    return _finite(p.metrics.get("max_abs_err"))
+
+
+def _fingerprint(p: Pair) -> tuple:
+    """What identifies the values of a pair: the same tensor consumed later gives the same."""
+    da, db = _dtypes(p)
+    shape = tuple(p.a.shape) if p.a.shape is not None else None
+    if p.mode == "statistics":
+        keys = _STATS + ("count", "md5")
+        return ("s", shape, da, db, tuple(repr(p.a.row.get(k)) for k in keys),
+                tuple(repr(p.b.row.get(k)) for k in keys))
+    m = p.metrics
+    return ("t", shape, da, db) + tuple(repr(m.get(k)) for k in ("max_abs_err", "max_abs_ref", "cosine", "n"))
+
+
+def _compared(p: Pair) -> bool:
+    return p.a is not None and p.b is not None and p.a.kind == "op" and p.mode in ("tensor", "statistics") \
+        and p.verdict not in _NO_DATA
+
+
+def demote_noise(pairs: Sequence[Pair]) -> List[int]:
+    """Apply the rule (module doc) to ``pairs`` in place; the positions of the pairs demoted.
+    ``pairs`` in any order; a call's pairs and the outputs its inputs carry must all be there."""
+    calls: Dict[tuple, List[int]] = {}
+    for i, p in enumerate(pairs):
+        if _compared(p):
+            calls.setdefault((p.a.rank,) + p.a.call_key, []).append(i)
+    done: List[int] = []
+    carried: Dict[tuple, Tuple[Pair, float, str]] = {}   # (rank, iteration, fingerprint) -> output
+    pending_inputs: List[int] = []
+    for key, members in calls.items():
+        group = [pairs[i] for i in members]
+        if not any(p.verdict in CANDIDATE_VERDICTS for p in group):
+            continue
+        low: Optional[Tuple[float, str]] = None
+        for p in group:
+            da, db = _dtypes(p)
+            ea, eb = eps_of(da), eps_of(db)
+            if ea is None or eb is None or ea[0] == eb[0]:
+                continue
+            e = max(ea, eb)
+            low = e if low is None or e[0] > low[0] else low
+        for i, p in zip(members, group):
+            if p.verdict in CANDIDATE_VERDICTS and p.a.io == "input":
+                pending_inputs.append(i)
+        if low is None:
+            continue
+        scales = [s for s in (_scale(p) for p in group if p.a.io == "input" and eps_of(p.b.dtype) is not None)
+                  if s is not None]
+        if not scales:
+            continue
+        bound = low[0] * max(scales)
+        for i, p in zip(members, group):
+            if p.a.io != "output" or p.verdict not in CANDIDATE_VERDICTS:
+                continue
+            err = _error(p)
+            if err is None or err > bound:
+                continue
+            was = p.reason or p.verdict
+            p.verdict = "warning"
+            what = "max abs error" if p.mode != "statistics" else "max abs error its statistics show"
+            p.reason = (f"{what} {err:.3g} is below the inputs' {low[1]} rounding "
+                        f"(eps × max|input| = {bound:.3g}): rounding noise, not a divergence (was: {was})")
+            done.append(i)
+            carried.setdefault((p.a.rank, p.a.iteration, _fingerprint(p)), (p, bound, low[1]))
+    if carried:
+        for i in pending_inputs:
+            p = pairs[i]
+            if p.verdict not in CANDIDATE_VERDICTS:
+                continue
+            src = carried.get((p.a.rank, p.a.iteration, _fingerprint(p)))
+            if src is None:
+                continue
+            o, bound, name = src
+            was = p.reason or p.verdict
+            p.verdict = "warning"
+            p.reason = (f"the values of {o.a.op} output.{o.a.slot}, below its inputs' {name} rounding "
+                        f"(eps × max|input| = {bound:.3g}): rounding noise, not a divergence (was: {was})")
+            done.append(i)
+    return sorted(done)
+
+
+def demote_columns(verdicts: List[Any], reasons: List[Any], same: Sequence[Any], call_keys: Callable[[], List[tuple]],
+                   tensors: Callable[[List[int]], List[Pair]]) -> None:
+    """:func:`demote_noise` on column-wise pairs (``verdicts``/``reasons`` changed in place):
+    nothing to do unless a pair of differing dtypes holds a candidate verdict; then the pairs
+    of the calls holding a candidate (``call_keys()``: A's call key per pair) are made
+    (``tensors(idx)``: :class:`.pairs.Pair` records, fields as the per-row stages set them)
+    and judged by the same function."""
+    n = len(verdicts)
+    cand = [i for i in range(n) if verdicts[i] in CANDIDATE_VERDICTS]
+    if not cand or all(same):
+        return
+    keys = call_keys()
+    want = {keys[i] for i in cand}
+    idx = [i for i in range(n) if keys[i] in want]
+    made = tensors(idx)
+    for j in demote_noise(made):
+        k = idx[j]
+        verdicts[k], reasons[k] = made[j].verdict, made[j].reason
