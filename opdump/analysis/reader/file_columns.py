@@ -26,14 +26,16 @@ are dropped, since a caller may change an object.
 """
 from __future__ import annotations
 
+import os
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
 from ...format import files as ff
 from ...format import layout as fl
 from .files import TensorFile
+from .stat_table import columns_enabled
 
-__all__ = ["FileColumns", "file_columns", "FIELDS"]
+__all__ = ["FileColumns", "file_columns", "folder_columns", "split_names", "FIELDS"]
 
 #: the columns, in :class:`~.files.TensorFile`'s field order after (path, rank, net, graph, iteration)
 FIELDS = ("op_type", "op_file", "op", "task_id", "stream_id", "timestamp", "io", "slot", "format", "dtype",
@@ -83,6 +85,30 @@ class FileColumns:
                 done[k] = v
             ops.append(v)
         self.cols["op"] = ops
+
+
+def folder_columns(it, seq: List[Any], mapping: Dict[str, str]) -> Optional[FileColumns]:
+    """The folder's tensor files as :class:`FileColumns` (``seq``: the scan's ``.npy``
+    ``DirEntry`` objects in listing order, and the TensorFile lists of bin files) when they
+    are all ``.npy`` files and no ``mapping.csv`` renames them (None otherwise, or when
+    ``OPDUMP_READER_COLUMNS=0``)."""
+    if not seq or mapping or not columns_enabled() or any(type(x) is list for x in seq):
+        return None
+    sizes: List[int] = []
+    try:                                # each file's size by its name in the open folder: no path walk
+        fd = os.open(it.path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        fd = -1
+    try:
+        for e in seq:
+            try:
+                sizes.append(os.stat(e.name, dir_fd=fd).st_size if fd >= 0 else e.stat().st_size)
+            except OSError:
+                sizes.append(0)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    return file_columns(it, [e.name for e in seq], [e.path for e in seq], sizes)
 
 
 def file_columns(it, names: List[str], paths: List[str], sizes: List[int]) -> Optional[FileColumns]:

@@ -24,7 +24,7 @@ from .names_fast import resolved_fields
 from .containers import Graph, Iteration, Rank
 from .bins import bin_tensor_files
 from .files import TensorFile
-from .file_columns import FileColumns, file_columns
+from .file_columns import folder_columns
 from .ops import OpInfo
 from .sources import parse_ir
 from .statistics import read_statistic_columns, read_statistic_csv
@@ -230,7 +230,7 @@ def scan_iteration(it: Iteration, memo: Optional[Dict[tuple, Any]] = None) -> No
                 it.raw_files.append(e.path)                                 # unreadable bin file
             continue
         seq.append(e)
-    fc = _file_columns(it, seq, mapping)
+    fc = folder_columns(it, seq, mapping)
     if fc is not None:
         it.file_columns = fc                         # objects made only if asked for (.file_columns)
     else:
@@ -246,29 +246,6 @@ def scan_iteration(it: Iteration, memo: Optional[Dict[tuple, Any]] = None) -> No
         k = (sanitize(r.get("op", "")), r.get("io", ""), r.get("slot", 0))
         r["call"] = sc.get(k, 0)
         sc[k] = r["call"] + 1
-
-
-def _file_columns(it: Iteration, seq: List[Any], mapping: Dict[str, str]) -> Optional[FileColumns]:
-    """The folder's tensor files as :class:`.file_columns.FileColumns` when they are all
-    ``.npy`` files and no ``mapping.csv`` renames them (None otherwise, or when
-    ``OPDUMP_READER_COLUMNS=0``)."""
-    if not seq or mapping or not columns_enabled() or any(type(x) is list for x in seq):
-        return None
-    sizes: List[int] = []
-    try:                                # each file's size by its name in the open folder: no path walk
-        fd = os.open(it.path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        fd = -1
-    try:
-        for e in seq:
-            try:
-                sizes.append(os.stat(e.name, dir_fd=fd).st_size if fd >= 0 else e.stat().st_size)
-            except OSError:
-                sizes.append(0)
-    finally:
-        if fd >= 0:
-            os.close(fd)
-    return file_columns(it, [e.name for e in seq], [e.path for e in seq], sizes)
 
 
 def _tensor_files(it: Iteration, seq: List[Any], mapping: Dict[str, str]) -> List[TensorFile]:
