@@ -12,7 +12,6 @@ import pickle
 import pandas as pd
 import pytest
 
-from opdump.analysis.compare import compare
 from analysis_fixtures import make_dump
 from open_pair_cases import _no_children, _one_thread, _run  # noqa: F401 (fixture re-used)
 
