@@ -124,7 +124,7 @@ class Dump:
 
     @property
     def has_tensors(self) -> bool:
-        return any(it.files for r in self.ranks.values() for it in r.iterations)
+        return any(it.has_files() for r in self.ranks.values() for it in r.iterations)
 
     @property
     def has_statistics(self) -> bool:
