@@ -38,6 +38,7 @@ the rule reads -- so both give the same verdicts.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .pairs import Pair
@@ -67,6 +68,17 @@ def eps_of(dtype: Any) -> Optional[Tuple[float, str]]:
     if "float" in s or "complex" in s or s in ("f4", "fp32"):
         return 2.0 ** -23, "fp32"
     return None
+
+
+_eps_memo = lru_cache(maxsize=256)(eps_of)
+
+
+def _eps(dtype: Any) -> Optional[Tuple[float, str]]:
+    """:func:`eps_of`, once per distinct dtype name (the plain function for an unhashable one)."""
+    try:
+        return _eps_memo(dtype)
+    except TypeError:
+        return eps_of(dtype)
 
 
 def _dtypes(p: Pair) -> Tuple[Any, Any]:
@@ -141,10 +153,15 @@ def _compared(p: Pair) -> bool:
 def demote_noise(pairs: Sequence[Pair]) -> List[int]:
     """Apply the rule (module doc) to ``pairs`` in place; the positions of the pairs demoted.
     ``pairs`` in any order; a call's pairs and the outputs its inputs carry must all be there."""
+    want = {(p.a.rank,) + p.a.call_key for p in pairs if p.verdict in CANDIDATE_VERDICTS and _compared(p)}
+    if not want:                                    # nothing diverged: nothing to read
+        return []
     calls: Dict[tuple, List[int]] = {}
     for i, p in enumerate(pairs):
-        if _compared(p):
-            calls.setdefault((p.a.rank,) + p.a.call_key, []).append(i)
+        if p.a is not None and p.a.kind == "op":
+            key = (p.a.rank,) + p.a.call_key
+            if key in want and _compared(p):
+                calls.setdefault(key, []).append(i)
     done: List[int] = []
     carried: Dict[tuple, Tuple[Pair, float, str]] = {}   # (rank, iteration, fingerprint) -> output
     pending_inputs: List[int] = []
@@ -155,7 +172,7 @@ def demote_noise(pairs: Sequence[Pair]) -> List[int]:
         low: Optional[Tuple[float, str]] = None
         for p in group:
             da, db = _dtypes(p)
-            ea, eb = eps_of(da), eps_of(db)
+            ea, eb = _eps(da), _eps(db)
             if ea is None or eb is None or ea[0] == eb[0]:
                 continue
             e = max(ea, eb)
@@ -165,7 +182,7 @@ def demote_noise(pairs: Sequence[Pair]) -> List[int]:
                 pending_inputs.append(i)
         if low is None:
             continue
-        scales = [s for s in (_scale(p) for p in group if p.a.io == "input" and eps_of(p.b.dtype) is not None)
+        scales = [s for s in (_scale(p) for p in group if p.a.io == "input" and _eps(p.b.dtype) is not None)
                   if s is not None]
         if not scales:
             continue
