@@ -220,7 +220,7 @@ def demote_noise(pairs: Sequence[Pair]) -> List[int]:
 def demote_columns(verdicts: List[Any], reasons: List[Any], same: Sequence[Any], call_keys: Callable[[], List[tuple]],
                    tensors: Callable[[List[int]], List[Pair]]) -> None:
     """:func:`demote_noise` on column-wise pairs (``verdicts``/``reasons`` changed in place):
-    nothing to do unless a pair of differing dtypes holds a candidate verdict; then the pairs
+    nothing to do unless a pair holds a candidate verdict and some pair differs in dtype; then the pairs
     of the calls holding a candidate (``call_keys()``: A's call key per pair) are made
     (``tensors(idx)``: :class:`.pairs.Pair` records, fields as the per-row stages set them)
     and judged by the same function."""
