@@ -182,3 +182,16 @@ def test_manifest_page_is_json_one_key_per_line():
     assert len(data) == MF.PAGE and json.loads(data) == doc
     lines = data.decode().rstrip().splitlines()
     assert lines[0] == '{"complete": false,' and lines[1] == ' "tool": "opdump",', lines
+
+
+def test_deferred_jobs_of_a_writer_that_failed_meanwhile_are_dropped_not_hung():
+    w = BackgroundWriter(threads=1)
+    w.defer()
+    futs = [w.submit(lambda: 1), w.submit(lambda: 2)]
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        w.fail(OSError(5, "I/O error"))
+    w.release_deferred()
+    assert [f.result(timeout=10) for f in futs] == [None, None]
+    w.close()

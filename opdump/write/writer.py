@@ -230,12 +230,10 @@ class BackgroundWriter:
                 self.fail(exc)
         if not jobs:
             return
-        if self._closed or self.errors:
-            for _, fut in jobs:
-                fut.set_result(None)
-            return
         self.batches += 1
-        self.submit(lambda: self._run_batch(jobs))
+        queued = self.submit(lambda: self._run_batch(jobs))
+        # a batch never run (the writer failed or closed meanwhile) still sets its futures
+        queued.add_done_callback(lambda _: [fut.set_result(None) for _, fut in jobs if not fut.done()])
 
     def _run_batch(self, jobs: list) -> None:
         """The deferred jobs, in order, each as a job of its own would run (errors reported,
