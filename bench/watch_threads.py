@@ -19,6 +19,23 @@ Plain and watched steps run in blocks, alternating, in one process with one sess
 capture toggled around the watched blocks, as :class:`bench.modes.EagerToggle` does).
 
     .venv/bin/python bench/watch_threads.py [--models alexnet,transformer] [--steps 10] [--rounds 4]
+    .venv/bin/python bench/watch_threads.py --ab defer|nice --threads 1   # in-process A/B, watched steps
+
+Findings (2026-11-24, 1 torch thread, load average 10-12 from neighbours: counts and CPU, not
+wall): a clean watched step's writer work is one folder and three small files (the iteration's
+execution order, ``overflow.json``, ``overflow.csv``: README's contract), ~0.5-1 ms of the
+writer's CPU, most of it the file system's creates and renames (AlexNet; the transformer's
+52 KB execution order: ~1 ms of a ~500 ms step).  Before the iteration end's jobs were
+deferred (``BackgroundWriter.defer``) they reached the writer threads as 2 jobs and the
+manifest was written twice a step on the training thread (54 us each); now 1 job and 1
+write (9 us): writer time slices 6.7-10.6 -> 1.5-3.5 a step, its voluntary switches 5-9 ->
+1.5-2.7, the training thread's voluntary switches (GIL and lock waits) 0.5-3.2 -> 0.2-0.3.
+The writer at nice +19 (``--ab nice``): no difference in wall time at this load, the
+training thread then waits for the starved writer at the lag bound (1.7 voluntary switches a
+step); not adopted.  The rest of the wall-vs-CPU gap is not other threads: the watch's added
+work is serial on the training thread while the plain step's compute runs on both intra-op
+threads, so it weighs (added ms) / (2-thread step ms) in the wall ratio, against (added ms) /
+(1-thread step ms) in the single-thread CPU ratio.
 """
 from __future__ import annotations
 
