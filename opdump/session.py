@@ -302,7 +302,9 @@ class Session:
         if not self._closed:
             if through is not None and not writer.failed:      # after an error, files are missing
                 self._on_disk_through = through
-            self._write_manifest(complete=False)
+            # the counter moves to iteration + 1 right after this (_advance, enter_forward): a
+            # kill from now on is in that iteration, whether or not it writes a file before
+            self._write_manifest(complete=False, in_progress=iteration + 1)
         writer.release_deferred()
         self._lag_mark, self._lag_iteration = writer.mark(), iteration
 
@@ -442,13 +444,18 @@ class Session:
         write_run_metadata(self._layout, self.config, self.rank)
         self._write_manifest(complete=False)
 
-    def _write_manifest(self, complete: bool, running: bool = True) -> None:
-        """``manifest.json`` (:mod:`.write.manifest`): rewritten only when something changed."""
+    def _write_manifest(self, complete: bool, running: bool = True, in_progress: Optional[int] = None) -> None:
+        """``manifest.json`` (:mod:`.write.manifest`): rewritten only when something changed.
+        ``in_progress``: the iteration it names as running (default: the counter's)."""
         manifest, tree = self._manifest, self._tree
         if manifest is None or tree is None:
             return
         errors = self.writer.errors
-        state = (complete, running, self.iteration if running else None, self._on_disk_through, len(self._dumped_iterations), tree.files_written,
+        if not running:
+            in_progress = None
+        elif in_progress is None:
+            in_progress = self.iteration
+        state = (complete, running, in_progress, self._on_disk_through, len(self._dumped_iterations), tree.files_written,
                  tree.rows_written, len(errors))
         if state == self._manifest_seen:
             return
@@ -456,7 +463,7 @@ class Session:
             "complete": complete,
             "tool": "opdump", "version": __version__, "pid": os.getpid(),
             "dumped_iterations": self._dumped_iterations.text(),
-            "iteration_in_progress": self.iteration if running else None,
+            "iteration_in_progress": in_progress,
             "on_disk_through": self._on_disk_through,
             "files_written": tree.files_written, "bytes_written": tree.bytes_written,
             "rows_written": tree.rows_written,

@@ -172,8 +172,8 @@ def test_the_manifest_names_the_iteration_before_its_end_files_are_written(tmp_p
     # (the iteration the last optimizer step opens runs nothing and ends at close)
     got = [(it, m["iteration_in_progress"], m["dumped_iterations"]) for it, m in seen if it < 4]
     assert len(got) >= 4, seen
-    for it, in_progress, dumped in got:
-        assert in_progress == it and dumped.endswith(str(it)), got
+    for it, in_progress, dumped in got:         # the manifest written at its end names the next one
+        assert in_progress == it + 1 and dumped.endswith(str(it)), got
 
 
 def test_manifest_page_is_json_one_key_per_line():
@@ -195,3 +195,42 @@ def test_deferred_jobs_of_a_writer_that_failed_meanwhile_are_dropped_not_hung():
     w.release_deferred()
     assert [f.result(timeout=10) for f in futs] == [None, None]
     w.close()
+
+
+_KILLED_WATCH = """
+import os, signal, sys, torch, torch.nn as nn
+import opdump
+from opdump.capture.eager import EagerCapture
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+with opdump.Session(sys.argv[1]) as s, EagerCapture(s):
+    for step in range(8):
+        loss = model(torch.randn(4, 8)).sum()
+        if step == 4:
+            os.kill(os.getpid(), signal.SIGKILL)      # mid-iteration 4
+        loss.backward(); opt.step(); opt.zero_grad()
+"""
+
+
+def test_watch_killed_later_leaves_every_file_of_the_finished_iterations(tmp_path):
+    """kill -9 in iteration 4 of an every-step eager watch: iterations 0-2 (the lag bound) have
+    their execution order and both summaries, whole; the manifest says so."""
+    import subprocess
+    import sys
+    script = tmp_path / "train.py"
+    script.write_text(_KILLED_WATCH)
+    cfg = write_config(tmp_path, common={"op_debug_mode": 3})
+    r = subprocess.run([sys.executable, str(script), cfg], capture_output=True, text=True, timeout=240)
+    assert r.returncode == -9, r.stderr[-2000:]
+    rank = tmp_path / "dump" / "rank_0"
+    manifest = json.loads((rank / ".dump_metadata" / "manifest.json").read_text())
+    assert manifest["complete"] is False and manifest["on_disk_through"] >= 2, manifest
+    # iteration 4 wrote nothing yet, but the run was in it (it was 3 before: the manifest written
+    # at an iteration's end named the iteration that ended)
+    assert manifest["iteration_in_progress"] == 4 and manifest["dumped_iterations"] == "0-3", manifest
+    for it in range(manifest["on_disk_through"] + 1):
+        folder = rank / "Net" / "0" / str(it)
+        assert sorted(p.name for p in folder.iterdir()) == [
+            "ms_execution_order_graph_0.csv", "overflow.csv", "overflow.json"], it
+        assert json.loads((folder / "overflow.json").read_text())["iteration"] == it
