@@ -151,6 +151,7 @@ class Session:
         self._forked = False
         self._manifest: Optional[Manifest] = None
         self._manifest_seen: Optional[tuple] = None
+        self._manifest_due = False                # an iteration started dumping: write before its jobs run
         self._lag_mark: list = []                 # the writer's jobs at the end of the last iteration
         self._lag_iteration: Optional[int] = None
         self._on_disk_through: Optional[int] = None
@@ -265,28 +266,47 @@ class Session:
             raise stop
 
     def _end_iteration(self, iteration: int) -> None:
-        for hook in self._iteration_end_hooks:
-            hook(iteration)
-        self.recorder.flush_statistics()
-        if self.recorder.online is not None:
-            self.recorder.online.finish(iteration)
-        self._bound_lag(iteration)
+        """The iteration's end: the hooks (summaries, execution orders…), its statistics, the
+        lag bound and the manifest.  The small jobs the end queues are deferred
+        (``BackgroundWriter.defer``) and handed to the writer as one job once the manifest
+        names the iteration: one writer wake-up and one manifest write per iteration."""
+        writer = self.writer
+        if self._layout is not None and not self._forked:
+            writer.defer(before=self._declare)
+        try:
+            for hook in self._iteration_end_hooks:
+                hook(iteration)
+            self.recorder.flush_statistics()
+            if self.recorder.online is not None:
+                self.recorder.online.finish(iteration)
+            self._bound_lag(iteration)
+        finally:
+            writer.release_deferred()       # a hook raised: the jobs still go (manifest first)
+
+    def _declare(self) -> None:
+        """Before the deferred jobs of an iteration's end reach the writer: the manifest names
+        the iteration that wrote into a folder meanwhile (:meth:`iteration_dir`)."""
+        if self._manifest_due and not self._forked:
+            self._write_manifest(complete=False)
 
     def _bound_lag(self, iteration: int) -> None:
         """Wait for the writer jobs queued up to the end of the previous iteration: the files
         and rows of an iteration are on disk at most one iteration after it ends, whatever
         the writer threads' priority (they run whenever the training thread waits here).
-        Then the manifest says so."""
+        Then the manifest says so, and the jobs the end deferred go to the writer."""
         if self._layout is None or self._forked:
             return
-        mark = self.writer.mark()
-        self.writer.wait(self._lag_mark)
-        through, self._lag_mark, self._lag_iteration = self._lag_iteration, mark, iteration
-        if self._closed:
-            return
-        if through is not None and not self.writer.failed:      # after an error, files are missing
-            self._on_disk_through = through
-        self._write_manifest(complete=False)
+        writer = self.writer
+        writer.wait(self._lag_mark)
+        through = self._lag_iteration
+        if not self._closed:
+            if through is not None and not writer.failed:      # after an error, files are missing
+                self._on_disk_through = through
+            # the counter moves to iteration + 1 right after this (_advance, enter_forward): a
+            # kill from now on is in that iteration, whether or not it writes a file before
+            self._write_manifest(complete=False, in_progress=iteration + 1)
+        writer.release_deferred()
+        self._lag_mark, self._lag_iteration = writer.mark(), iteration
 
     def on_iteration_end(self, hook: Callable[[int], None]) -> "HookHandle":
         """Call ``hook(iteration)`` at the end of every iteration; ``.remove()`` on the result undoes it."""
@@ -335,9 +355,13 @@ class Session:
     def iteration_dir(self, graph_id: int) -> str:
         if self.iteration not in self._dumped_iterations:
             self._dumped_iterations.add(self.iteration)
-            # the manifest names this iteration as the one in progress as soon as it starts
-            # dumping: a kill before its end must not leave it saying the previous one was
-            self._write_manifest(complete=False)
+            # the manifest names this iteration as the one in progress before any of its files
+            # can reach the disk: a kill must not leave it saying the previous one was.  At an
+            # iteration's end its jobs are deferred until _declare/_bound_lag has written it
+            if self.writer.defers_here():
+                self._manifest_due = True
+            else:
+                self._write_manifest(complete=False)
         return self.layout.iteration_dir(graph_id, self.iteration)
 
     # ------------------------------------------------------------------ files
@@ -420,13 +444,18 @@ class Session:
         write_run_metadata(self._layout, self.config, self.rank)
         self._write_manifest(complete=False)
 
-    def _write_manifest(self, complete: bool, running: bool = True) -> None:
-        """``manifest.json`` (:mod:`.write.manifest`): rewritten only when something changed."""
+    def _write_manifest(self, complete: bool, running: bool = True, in_progress: Optional[int] = None) -> None:
+        """``manifest.json`` (:mod:`.write.manifest`): rewritten only when something changed.
+        ``in_progress``: the iteration it names as running (default: the counter's)."""
         manifest, tree = self._manifest, self._tree
         if manifest is None or tree is None:
             return
         errors = self.writer.errors
-        state = (complete, running, self.iteration if running else None, self._on_disk_through, len(self._dumped_iterations), tree.files_written,
+        if not running:
+            in_progress = None
+        elif in_progress is None:
+            in_progress = self.iteration
+        state = (complete, running, in_progress, self._on_disk_through, len(self._dumped_iterations), tree.files_written,
                  tree.rows_written, len(errors))
         if state == self._manifest_seen:
             return
@@ -434,7 +463,7 @@ class Session:
             "complete": complete,
             "tool": "opdump", "version": __version__, "pid": os.getpid(),
             "dumped_iterations": self._dumped_iterations.text(),
-            "iteration_in_progress": self.iteration if running else None,
+            "iteration_in_progress": in_progress,
             "on_disk_through": self._on_disk_through,
             "files_written": tree.files_written, "bytes_written": tree.bytes_written,
             "rows_written": tree.rows_written,
@@ -444,6 +473,7 @@ class Session:
         try:
             manifest.write(doc)
             self._manifest_seen = state
+            self._manifest_due = False
         except Exception as exc:        # noqa: BLE001 - reported: dumping stops
             self._write_failed(exc)
 

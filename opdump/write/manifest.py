@@ -4,8 +4,9 @@ The manifest says whether the run finished cleanly (``complete``), which iterati
 dumped, up to which iteration every file is on disk (``on_disk_through``), what was
 written (``files_written``, ``bytes_written``, ``rows_written``: counted as files are
 renamed into place and rows appended) and the write errors met.  The session updates
-it at the end of every iteration that dumped, so a killed run leaves a manifest that
-is still right about what it claims.
+it at the end of every iteration that dumped, and when an iteration writes its first file
+(before that file can reach the disk), so a killed run leaves a manifest that is still
+right about what it claims.
 
 Why it is updated in place: on a full disk, a new temporary copy could not be
 written, and the manifest must still record the error that stopped the dump.  The
@@ -33,8 +34,10 @@ _OPEN_FLAGS = os.O_WRONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 
 def encode(doc: Dict[str, Any], size: int = PAGE) -> bytes:
-    """The manifest's bytes: JSON padded with spaces to ``size`` (a JSON reader ignores them)."""
-    data = json.dumps(doc, indent=1).encode("utf-8")
+    """The manifest's bytes: JSON padded with spaces to ``size`` (a JSON reader ignores them).
+    One key per line, rendered by json's C encoder (``indent`` would select its pure-Python
+    encoder: 52 µs of the training thread per write against ~15 µs)."""
+    data = json.dumps(doc, separators=(",\n ", ": ")).encode("utf-8")
     return data + b" " * max(0, size - len(data) - 1) + b"\n"
 
 

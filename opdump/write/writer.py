@@ -46,6 +46,18 @@ under 10 % of the step).  Nothing can wait for ever on a closed gate: :meth:`res
 opens it while it waits (and closes it again once half the budget is free, so that the
 step and the writer take turns instead of interleaving file by file); :meth:`flush`,
 :meth:`wait` and :meth:`close` open it for good.
+
+Deferral (:meth:`defer` / :meth:`release_deferred`): the session defers the jobs queued
+while an iteration ends (summaries, execution orders: a few small files) and hands them
+over as **one** job once it has declared the iteration in ``manifest.json`` (the ``before``
+callback).  Why: one wake-up of one writer thread per iteration instead of one per file
+(an every-step overflow watch queued two jobs a step, each waking a thread that takes a core
+and the GIL from the step), and no file of an iteration can reach the disk before the
+manifest names it, so the manifest is written once per iteration instead of twice.  Only
+jobs holding no bytes are deferred: a job with bytes, a :meth:`mark`, a :meth:`wait` on a
+deferred job, ``result()`` of one, :meth:`flush` and :meth:`close` hand the deferred jobs
+over first (``before`` called once), so the order of jobs is the order of submission and
+nothing waits for a job that was never handed over.
 """
 from __future__ import annotations
 
@@ -55,7 +67,7 @@ import sys
 import threading
 import time
 import warnings
-from typing import Any, Callable, List
+from typing import Any, Callable, List, Optional
 
 
 def _lowest_priority() -> None:
@@ -74,6 +86,23 @@ def _done_future() -> cf.Future:
     return fut
 
 
+class _DeferredFuture(cf.Future):
+    """A deferred job's future: asking for its result hands the deferred jobs over first
+    (a wait on a job never handed over would never end)."""
+
+    def __init__(self, writer: "BackgroundWriter"):
+        super().__init__()
+        self._writer = writer
+
+    def result(self, timeout=None):
+        self._writer.release_deferred()
+        return super().result(timeout)
+
+    def exception(self, timeout=None):
+        self._writer.release_deferred()
+        return super().exception(timeout)
+
+
 class BackgroundWriter:
     def __init__(self, budget_bytes: int = 256 << 20, threads: int = 2, *, low_priority: bool = False):
         self.budget = max(1, int(budget_bytes))
@@ -89,6 +118,12 @@ class BackgroundWriter:
         self._closed = False
         self._gate_closed = False
         self._gate_epoch = 0                   # pause/resume calls: a wait in reserve re-closes only its own opening
+        self._deferring = False                # defer() .. release_deferred(): zero-byte jobs held here
+        self._deferred: list = []              # [(fn, future)] in submission order
+        self._before: Optional[Callable[[], None]] = None
+        self._defer_thread: Optional[int] = None   # only this thread's jobs are deferred
+        self._defer_lock = threading.Lock()
+        self.batches = 0                       # deferred batches handed over (tests, the bench)
 
     def _started(self, low_priority: bool) -> None:
         self._idents.append(threading.get_ident())
@@ -160,13 +195,78 @@ class BackgroundWriter:
             self._held -= nbytes
             self._cond.notify_all()
 
+    # ------------------------------------------------------------------ deferral
+    @property
+    def deferring(self) -> bool:
+        """Jobs queued now are deferred (:meth:`defer`): none can run before ``before``."""
+        return self._deferring
+
+    def defers_here(self) -> bool:
+        """A job queued now by this thread would be deferred."""
+        return self._deferring and threading.get_ident() == self._defer_thread
+
+    def defer(self, before: Optional[Callable[[], None]] = None) -> None:
+        """From now on, jobs holding no bytes are kept until :meth:`release_deferred` (or
+        anything that needs them: see the module), then handed over as one job; ``before``
+        is called first, on the releasing thread (its errors are the caller's to report:
+        it must not raise)."""
+        with self._defer_lock:
+            if self._closed or self._deferring:
+                return
+            self._deferring, self._before, self._defer_thread = True, before, threading.get_ident()
+
+    def release_deferred(self) -> None:
+        """Call ``before``, then hand the deferred jobs over as one job; deferral ends."""
+        with self._defer_lock:
+            if not self._deferring:
+                return
+            self._deferring = False
+            before, self._before = self._before, None
+            jobs, self._deferred = self._deferred, []
+        if before is not None:
+            try:
+                before()
+            except Exception as exc:  # noqa: BLE001 - reported, never into the caller
+                self.fail(exc)
+        if not jobs:
+            return
+        self.batches += 1
+        queued = self.submit(lambda: self._run_batch(jobs))
+        # a batch never run (the writer failed or closed meanwhile) still sets its futures
+        queued.add_done_callback(lambda _: [fut.set_result(None) for _, fut in jobs if not fut.done()])
+
+    def _run_batch(self, jobs: list) -> None:
+        """The deferred jobs, in order, each as a job of its own would run (errors reported,
+        dropped once the writer failed); every future set."""
+        for fn, fut in jobs:
+            result = None
+            try:
+                if not self.errors:
+                    result = fn()
+            except BaseException as exc:  # noqa: BLE001 - reported, never swallowed silently
+                self.fail(exc)
+            finally:
+                fut.set_result(result)
+
+    # ------------------------------------------------------------------ jobs
     def submit(self, fn: Callable[[], Any], nbytes: int = 0, *, reserved: bool = False) -> cf.Future:
         """Queue ``fn``; ``nbytes`` is what it holds (already reserved when ``reserved``).
-        On a closed or failed writer nothing is queued: a finished future holding None."""
+        On a closed or failed writer nothing is queued: a finished future holding None.
+        While deferring (:meth:`defer`), a job holding no bytes is kept (its future is set
+        when it has run); a job holding bytes hands the deferred ones over first."""
         if self._closed or self.errors:
             if reserved and nbytes:
                 self.release(nbytes)
             return _done_future()
+        if self._deferring and threading.get_ident() == self._defer_thread:
+            if not nbytes:
+                with self._defer_lock:
+                    if self._deferring:
+                        fut = _DeferredFuture(self)
+                        self._deferred.append((fn, fut))
+                        return fut
+            else:
+                self.release_deferred()
         if not reserved and nbytes:
             self.reserve(nbytes)
         try:
@@ -220,13 +320,16 @@ class BackgroundWriter:
         self.wait(self.mark())
 
     def mark(self) -> List[cf.Future]:
-        """The jobs queued so far (to :meth:`wait` for later)."""
+        """The jobs queued so far (to :meth:`wait` for later); deferred ones handed over first."""
+        self.release_deferred()
         with self._cond:
             return list(self._pending)
 
     def wait(self, jobs: List[cf.Future]) -> None:
         """Wait until every job of a :meth:`mark` has run (the gate opens: see the module)."""
         if jobs:
+            if self._deferring and any(isinstance(j, _DeferredFuture) for j in jobs):
+                self.release_deferred()
             self.resume()
             cf.wait(jobs)
 
@@ -235,8 +338,11 @@ class BackgroundWriter:
         self._closed = True
         self._gate_closed = False
         self._pending = set()
+        with self._defer_lock:
+            self._deferring, self._deferred, self._before = False, [], None
 
     def close(self) -> List[BaseException]:
+        self.release_deferred()
         self.resume()
         if not self._closed:
             self.flush()
