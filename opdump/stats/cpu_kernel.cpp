@@ -14,7 +14,11 @@
 //   propagation of NaN and Inf;
 // * deterministic: the tensor is cut into fixed chunks whatever the thread
 //   count, and the chunks are combined in order;
-// * the GIL is released while reading, so writer threads keep running;
+// * the GIL is released while reading a tensor of more than kGilBytes (256 KiB), so writer
+//   threads keep running; a smaller read (a few us) keeps it: giving it up and taking it
+//   back for every small tensor handed it to the writer thread between an operator's taps
+//   and made the training thread wait for it (hundreds of small tensors a step on a small
+//   decoder);
 // * integer and bool tensors (bool read as its 0/1 bytes; not uint64): max/min
 //   exact, as int64; sums in float64 (exact while below 2**53), taken from integer lanes
 //   when that is provably the same value (reduce_int_fast);
@@ -27,6 +31,7 @@
 // elements, the lanes added in order, then the chunk's tail in order, then the chunks in
 // order (contract.h kHostLanes / kHostChunk).  Same result bit for bit whatever the thread
 // count; the module is compiled with -ffp-contract=off so no multiply-add is fused.
+#include <optional>
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -43,6 +48,18 @@ constexpr int64_t kLanes = 16;
 constexpr int64_t kBlock = 1024;      // float32 partial sums go to float64 every block
 constexpr int64_t kChunk = 1 << 16;   // elements per parallel task (and per combine step)
 constexpr int64_t kSmall = 1 << 14;
+constexpr int64_t kGilBytes = 256 << 10;   // reads of more bytes than this release the GIL
+
+// The GIL released for the scope when `bytes` is over kGilBytes.
+class MaybeNoGil {
+ public:
+  explicit MaybeNoGil(int64_t bytes) {
+    if (bytes > kGilBytes) release_.emplace();
+  }
+
+ private:
+  std::optional<pybind11::gil_scoped_release> release_;
+};
 static_assert(kLanes == opdump::contract::kHostLanes && kChunk == opdump::contract::kHostChunk,
               "the host mode's order is the contract's (opdump/stats/host.py reproduces it)");   // below: sums in float64 lanes (the cost is the call, not the loop)
 
@@ -378,7 +395,7 @@ IntAcc reduce_int_fast(const T* p, int64_t n) {
 pybind11::object int_stats(const at::Tensor& x, const void* data, int64_t n) {
   IntAcc a;
   {
-    pybind11::gil_scoped_release no_gil;
+    MaybeNoGil no_gil(n * static_cast<int64_t>(x.element_size()));
     switch (x.scalar_type()) {
       case at::kBool:  // stored as one byte 0/1
       case at::kByte: a = reduce_int_fast(static_cast<const uint8_t*>(data), n); break;
@@ -421,7 +438,7 @@ pybind11::object one_pass(const at::Tensor& x, bool host) {
   }
   Acc a;
   {
-    pybind11::gil_scoped_release no_gil;
+    MaybeNoGil no_gil(n * static_cast<int64_t>(x.element_size()));
     switch (dtype) {
       case at::kFloat:
         a = host ? reduce_all_host(static_cast<const float*>(data), n) : reduce_all(static_cast<const float*>(data), n);

@@ -70,7 +70,9 @@ HEADERS = tuple(os.path.join(_HERE, n) for n in ("contract.h", "stats_memo.h")) 
     os.path.join(os.path.dirname(_HERE), "capture", "eager", "native", n) for n in
     ("observer_state.h", "watch.h"))
 # -ffp-contract=off: no fused multiply-add, so host_stats' sums are numpy's bit for bit
-_CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"]
+# -DPYBIND11_NO_ASSERT_GIL_HELD_INCREF_DECREF: pybind11 otherwise checks the GIL (PyGILState_Check,
+# a thread-local look-up) at every reference count change of a handle when NDEBUG is not defined
+_CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-DPYBIND11_NO_ASSERT_GIL_HELD_INCREF_DECREF"]
 _LDFLAGS = ["-fopenmp"]
 
 ENV_SWITCH = "OPDUMP_CPU_KERNEL"

@@ -28,7 +28,8 @@
 //   tag drops them; lookups between `carry` and `enter` do not use them;
 // * a tensor with gaps of at most 32 MiB is copied to contiguous memory (without
 //   autograd, below Python dispatch modes) and read in one pass;
-// * the GIL is released while copying and reading; the map is only touched with it held.
+// * the GIL is released while copying and while reading more than 256 KiB (cpu_kernel.cpp); the
+//   map is only touched with it held.
 #include "stats_memo.h"
 
 #include "contract.h"
@@ -124,6 +125,7 @@ pybind11::object StatsMemo::stats(const at::Tensor& t, int64_t index) {
   pybind11::tuple value(static_cast<size_t>(kFusedFields));
   for (size_t f = kFieldMax; f < static_cast<size_t>(kFieldNumel); ++f) value[f] = parts[f];
   value[static_cast<size_t>(kFieldNumel)] = pybind11::int_(t.numel());
+  PyObject_GC_UnTrack(value.ptr());     // numbers only: no cycle (one tuple per tensor read, ~350 a step)
   map_.insert_or_assign(std::move(key),
                         MemoEntry{c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()), version, index});
   return value;

@@ -24,7 +24,7 @@ from typing import Sequence
 
 import torch.fx as fx
 
-from .native_taps import build as build_native_taps
+from .native_taps import build as build_native_taps, methods as native_methods
 from .ops import tensor_inputs
 from .runtime import GraphRuntime
 from .taps import insert_taps
@@ -37,6 +37,8 @@ def instrument(gm: fx.GraphModule, runtime: GraphRuntime, nodes: Sequence[fx.Nod
         from ...debug.watcher_graph import instrument_watcher
         return instrument_watcher(gm, runtime, nodes)
     taps = runtime.native = build_native_taps(runtime)
+    if taps is not None:
+        tap_in, tap_out, tap_both = native_methods(taps)
 
     def taps_before(node, op):
         ins = tensor_inputs(node) if op.selected and dump_inputs else None
@@ -46,7 +48,7 @@ def instrument(gm: fx.GraphModule, runtime: GraphRuntime, nodes: Sequence[fx.Nod
             return [(runtime.tap_inputs, (op.index, ins))]
         # an operator that writes none of its arguments: its inputs are the same after it ran,
         # so one native tap after it takes both sides (see taps_after)
-        return [] if dump_outputs else [(taps.inputs, (op.index, *ins))]
+        return [] if dump_outputs else [(tap_in, (op.index, *ins))]
 
     def taps_after(node, op):
         if not (op.selected and dump_outputs):
@@ -54,7 +56,7 @@ def instrument(gm: fx.GraphModule, runtime: GraphRuntime, nodes: Sequence[fx.Nod
         if taps is None or op.mutates:
             return [(runtime.tap_outputs, (op.index, node))]
         ins = tensor_inputs(node) if dump_inputs else None
-        return [(taps.both, (op.index, node, *ins))] if ins else [(taps.outputs, (op.index, node))]
+        return [(tap_both, (op.index, node, *ins))] if ins else [(tap_out, (op.index, node))]
 
     return insert_taps(gm, nodes, runtime.ops, runtime.begin, runtime.end, taps_before, taps_after)
 

@@ -19,6 +19,8 @@ Guarantees:
   reads the tensors its forward saved without reading them again: ``StatsMemo.carry``/``enter``,
   called by ``GraphTaps.close``/``open``), reused only under the memo's rules (the tensor alive,
   the same memory, the same version counter value); a new iteration starts with nothing carried;
+* the graph calls the taps as builtins bound to the ``GraphTaps`` object (:func:`methods`: its
+  ``fast()`` ones, taking their arguments without pybind11's dispatch, when the module has them);
 * ``OPDUMP_GRAPH_NATIVE_TAPS=0`` in the environment (read when a graph is instrumented) keeps
   the Python taps: the reference the parity tests compare with.
 """
@@ -59,3 +61,14 @@ def build(runtime) -> Optional[object]:
     batch = sink._batch
     return cls(batch._memo, batch._entries, batch._dtypes, torch.nn.Parameter,
                [(op.op_type, op.full_name) for op in runtime.ops], faults._armed, weakref.ref(runtime))
+
+
+def methods(taps) -> tuple:
+    """``(inputs, outputs, both)``: the callables the graph's generated code calls for ``taps``."""
+    fast = getattr(taps, "fast", None)
+    bound = fast() if fast is not None else None
+    if bound is None:
+        return taps.inputs, taps.outputs, taps.both
+    for f in bound:     # FX's code generation names a builtin by its module (None here otherwise)
+        f.__module__ = type(taps).__module__
+    return tuple(bound)
