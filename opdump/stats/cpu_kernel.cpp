@@ -14,11 +14,7 @@
 //   propagation of NaN and Inf;
 // * deterministic: the tensor is cut into fixed chunks whatever the thread
 //   count, and the chunks are combined in order;
-// * the GIL is released while reading a tensor of at least kReleaseBytes, so writer threads keep
-//   running; a smaller one (microseconds of reading) is read with it held: releasing it there
-//   handed it to a writer thread waiting for it at every small tensor (an eager statistics dump
-//   reads ~1,650 a step on the bench's decoder), and the training thread then waited for the
-//   writer to give it back;
+// * the GIL is released while reading, so writer threads keep running;
 // * integer and bool tensors (bool read as its 0/1 bytes; not uint64): max/min
 //   exact, as int64; sums in float64 (exact while below 2**53), taken from integer lanes
 //   when that is provably the same value (reduce_int_fast);
@@ -39,7 +35,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <optional>
 #include <vector>
 
 namespace {
@@ -380,14 +375,10 @@ IntAcc reduce_int_fast(const T* p, int64_t n) {
   return a;
 }
 
-// bytes from which a read releases the GIL (see the header comment)
-constexpr int64_t kReleaseBytes = 256 * 1024;
-
 pybind11::object int_stats(const at::Tensor& x, const void* data, int64_t n) {
   IntAcc a;
   {
-    std::optional<pybind11::gil_scoped_release> no_gil;
-    if (n * static_cast<int64_t>(x.element_size()) >= kReleaseBytes) no_gil.emplace();
+    pybind11::gil_scoped_release no_gil;
     switch (x.scalar_type()) {
       case at::kBool:  // stored as one byte 0/1
       case at::kByte: a = reduce_int_fast(static_cast<const uint8_t*>(data), n); break;
@@ -430,8 +421,7 @@ pybind11::object one_pass(const at::Tensor& x, bool host) {
   }
   Acc a;
   {
-    std::optional<pybind11::gil_scoped_release> no_gil;
-    if (n * static_cast<int64_t>(x.element_size()) >= kReleaseBytes) no_gil.emplace();
+    pybind11::gil_scoped_release no_gil;
     switch (dtype) {
       case at::kFloat:
         a = host ? reduce_all_host(static_cast<const float*>(data), n) : reduce_all(static_cast<const float*>(data), n);

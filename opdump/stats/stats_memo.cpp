@@ -28,14 +28,12 @@
 //   tag drops them; lookups between `carry` and `enter` do not use them;
 // * a tensor with gaps of at most 32 MiB is copied to contiguous memory (without
 //   autograd, below Python dispatch modes) and read in one pass;
-// * the GIL is released while copying and reading a tensor of 256 KiB or more (cpu_kernel.cpp,
-//   kReleaseBytes); the map is only touched with it held.
+// * the GIL is released while copying and reading; the map is only touched with it held.
 #include "stats_memo.h"
 
 #include "contract.h"
 
 #include <functional>
-#include <optional>
 
 pybind11::object fused_stats(const at::Tensor& x);   // cpu_kernel.cpp
 pybind11::object host_stats(const at::Tensor& x);    // cpu_kernel.cpp
@@ -111,10 +109,7 @@ pybind11::object StatsMemo::stats(const at::Tensor& t, int64_t index) {
   } else {
     at::Tensor copy;
     {
-      // a small copy keeps the GIL (released, it went to a waiting writer thread at every tensor;
-      // cpu_kernel.cpp, kReleaseBytes)
-      std::optional<pybind11::gil_scoped_release> no_gil;
-      if (t.numel() * static_cast<int64_t>(t.element_size()) >= 256 * 1024) no_gil.emplace();
+      pybind11::gil_scoped_release no_gil;
       at::NoGradGuard no_grad;
       c10::impl::ExcludeDispatchKeyGuard no_python(
           c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
