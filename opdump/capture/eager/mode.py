@@ -362,8 +362,10 @@ class EagerCapture(NativeEager, OperatorPath):
             self._enter_root(module)
             return
         frame = tracker.push(module)
-        if self._dumping and self._state is not None and not frame.transparent:
-            self._state.modules.setdefault(id(module), (frame.scope, frame.ids))
+        if self._dumping and not frame.transparent:
+            state = self._state
+            if state is not None and id(module) not in state.modules:
+                state.modules[id(module)] = (frame.scope, frame.ids)
 
     def _hook_last(self, module) -> None:
         """``module`` has forward hooks of its own, which torch runs after the global ones:

@@ -20,12 +20,21 @@ Rules (README-ready):
   module they wrap, and the wrapped module itself adds no segment;
 * the ids of the modules on the stack (``str(id(module))``, outermost first) are
   the ``module_ids`` of the operator, which ``set_dump`` marks are keyed by.
+
+Cost: a module call pushes a :class:`Frame` (its path, scope text and ids).  A training
+loop calls the same modules under the same parents every step, so a frame is made once
+and kept by its parent frame (a root's by the tracker), keyed by the module's registered
+name and call count (or, for a module adding no segment, by the module itself), and reused
+while the module found there is the same object: what a frame holds is a function of its
+parent frame, the module, its name and its count.  Frames hold their module weakly (a kept
+frame never keeps a deleted model alive).
 """
 from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
 import sys
+import weakref
 
 from ..naming import module_scope
 
@@ -54,17 +63,23 @@ def display_class(module) -> str:
 class Frame:
     """One running module call on the stack."""
 
-    __slots__ = ("module", "path", "pairs", "ids", "root", "transparent", "_scope")
+    __slots__ = ("_module", "path", "pairs", "ids", "root", "transparent", "_scope", "children")
 
     def __init__(self, module, path: str, pairs: Tuple[Tuple[str, str], ...], ids: Tuple[str, ...],
                  root: str, transparent: bool):
-        self.module = module
+        self._module = weakref.ref(module)
         self.path = path            # dotted path below the root, with @k suffixes ("" for the root)
         self.pairs = pairs          # (path, class) of the named modules from the root, outermost first
         self.ids = ids              # str(id(m)) of every module on the stack, outermost first
         self.root = root            # root class (with its @k suffix)
         self.transparent = transparent
         self._scope: Optional[str] = None
+        self.children: Optional[Dict] = None     # frames made under this one (ScopeTracker.push)
+
+    @property
+    def module(self):
+        """The module (None once it is deleted: only a kept frame outlives its module)."""
+        return self._module()
 
     @property
     def scope(self) -> str:
@@ -89,13 +104,15 @@ def _scope_of(pairs, root: str) -> str:
 class ScopeTracker:
     """The stack of running module calls and the per-iteration call counts."""
 
-    #: called after every push and pop (the native eager capture's scope, see .native.path)
-    on_change = None
+    #: called after every push and pop with the scope of the stack's top (None: empty), the
+    #: native eager capture's ``set_scope`` itself (see .native.path: no Python frame between)
+    on_scope = None
 
     def __init__(self):
         self.stack: List[Frame] = []
         self._calls: Dict[Tuple[str, int], int] = {}
         self._names: Dict[Tuple[int, int], Optional[str]] = {}
+        self._roots: Dict[Tuple[int, int], Frame] = {}      # (id(root), call count) -> its kept frame
 
     def new_iteration(self) -> None:
         self._calls.clear()
@@ -110,7 +127,7 @@ class ScopeTracker:
         """``child``'s dotted path below ``parent`` (None when not registered there)."""
         key = (id(parent), id(child))
         name = self._names.get(key, "")
-        if name != "" and (name is None or _resolve(parent, name) is child):
+        if name != "" and (name is None or parent._modules.get(name) is child or _resolve(parent, name) is child):
             return name
         name = None
         for attr, sub in parent._modules.items():
@@ -129,33 +146,53 @@ class ScopeTracker:
 
     def push_root(self, module) -> Frame:
         k = self._count(None, module)   # apart from the root's children, whose parent path is ""
-        root = display_class(module) + (f"@{k}" if k else "")
-        frame = Frame(module, "", (), (str(id(module)),), root, False)
+        key = (id(module), k)
+        frame = self._roots.get(key)
+        if frame is None or frame.module is not module or frame.root != display_class(module) + (f"@{k}" if k else ""):
+            root = display_class(module) + (f"@{k}" if k else "")
+            frame = Frame(module, "", (), (str(id(module)),), root, False)
+            if len(self._roots) > 1024:
+                self._roots.clear()
+            self._roots[key] = frame
         self.stack.append(frame)
-        if self.on_change is not None:
-            self.on_change()
+        if self.on_scope is not None:
+            self.on_scope(frame.scope)
         return frame
 
     def push(self, module) -> Frame:
         parent = self.stack[-1]
-        ids = parent.ids + (str(id(module)),)
         owner = parent.module
         if is_compiled_wrapper(owner) and getattr(owner, "_orig_mod", None) is module:
             name = None
         else:
             name = self._name_in(owner, module)
         if name is None:
-            frame = Frame(module, parent.path, parent.pairs, ids, parent.root, True)
+            key = id(module)
         else:
-            k = self._count(parent.path, module)
-            if k:
-                name = f"{name}@{k}"
-            path = f"{parent.path}.{name}" if parent.path else name
-            frame = Frame(module, path, parent.pairs + ((path, display_class(module)),), ids, parent.root, False)
+            key = (name, self._count(parent.path, module))
+        children = parent.children
+        if children is None:
+            children = parent.children = {}
+        frame = children.get(key)
+        if frame is None or frame.module is not module or (name is not None and frame.pairs[-1][1] != display_class(module)):
+            frame = self._make(parent, module, name, key)
+            if len(children) > 4096:
+                children.clear()
+            children[key] = frame
         self.stack.append(frame)
-        if self.on_change is not None:
-            self.on_change()
+        if self.on_scope is not None:
+            self.on_scope(frame.scope)
         return frame
+
+    @staticmethod
+    def _make(parent: Frame, module, name: Optional[str], key) -> Frame:
+        ids = parent.ids + (str(id(module)),)
+        if name is None:
+            return Frame(module, parent.path, parent.pairs, ids, parent.root, True)
+        if key[1]:
+            name = f"{name}@{key[1]}"
+        path = f"{parent.path}.{name}" if parent.path else name
+        return Frame(module, path, parent.pairs + ((path, display_class(module)),), ids, parent.root, False)
 
     def pop(self, module) -> None:
         stack = self.stack
@@ -166,8 +203,8 @@ class ScopeTracker:
                 if stack[i].module is module:
                     del stack[i:]
                     break
-        if self.on_change is not None:
-            self.on_change()
+        if self.on_scope is not None:
+            self.on_scope(stack[-1].scope if stack else None)
 
 
 def _resolve(parent, dotted: str):

@@ -237,7 +237,7 @@ class NativeEager(NativeCallbacks, NativeWatch):
             batch = self._native_batch()
             obs.install(batch._memo, batch._entries, batch._dtypes)
         self._native_live = True
-        self.tracker.on_change = self._native_scope
+        self.tracker.on_scope = obs.set_scope
         self._native_scope()
         self._native_optimizer()
         if self._internal_n:
@@ -278,7 +278,7 @@ class NativeEager(NativeCallbacks, NativeWatch):
         obs.set_scope(None)
         obs.set_optimizer(None)
         self._native_live = False
-        self.tracker.on_change = None
+        self.tracker.on_scope = None
         self._native_state = None
 
     def _native_fail(self, why: str, turned_away: bool = False) -> None:
@@ -304,7 +304,7 @@ class NativeEager(NativeCallbacks, NativeWatch):
             except Exception:  # noqa: BLE001
                 pass
             self._native_live = False
-            self.tracker.on_change = None
+            self.tracker.on_scope = None
         self._native_probing = False
 
     def _native_drop(self, state) -> None:
