@@ -54,7 +54,7 @@ def _switches(read, tensor) -> int:
 def test_small_reads_keep_the_gil_large_ones_release_it(name, dtype):
     read = getattr(native.module(), name)
     small = torch.arange(1000).to(dtype)                  # 4 KB
-    large = torch.arange(1 << 17).to(dtype)               # 512 KiB
+    large = torch.arange(1 << 20).to(dtype)               # 4 MiB: a release long enough to be taken
     assert read(small) is not None and read(large) is not None
     assert _switches(read, small) < CALLS // 20          # 0 or 1 here; one per call before
     assert _switches(read, large) >= 1                   # about one per call on a quiet machine
