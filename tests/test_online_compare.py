@@ -369,3 +369,31 @@ def test_offline_first_difference_names_no_parameter_of_a_later_iteration(cast_r
     first = json.loads(r.stdout)["first_difference"]
     assert first["iteration"] == 0 and first["io"] == "input"
     assert first["parameters"] == [] and "parameter that differs" not in first["cause"]
+
+
+def test_precision_noise_is_no_online_divergence(tmp_path):
+    """A bf16 run against an fp32 reference: the mean output of a LayerNorm whose input is
+    already normalised is rounding noise (README, compare verdicts: precision compares), not
+    a divergence -- online as offline (``noise_floor.demote_noise`` on each judged batch), so
+    ``stop_on_divergence`` would not stop a healthy bf16 run on it."""
+    class TwoNorms(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.head = torch.nn.Linear(16, 32), torch.nn.Linear(32, 4)
+            self.ln1, self.ln2 = torch.nn.LayerNorm(32), torch.nn.LayerNorm(32)
+
+        def forward(self, x):
+            return self.head(self.ln2(self.ln1(self.fc(x))))
+
+    ref_cfg = _config(tmp_path / "r.json", tmp_path / "r")
+    b_cfg = _config(tmp_path / "b.json", tmp_path / "b", reference=str(tmp_path / "r"))
+    for cfg, dtype in ((ref_cfg, torch.float32), (b_cfg, torch.bfloat16)):
+        torch.manual_seed(0)
+        model, x = TwoNorms().to(dtype), torch.randn(8, 16).to(dtype)
+        with Session(load_config(str(cfg))) as s, EagerCapture(s):
+            model(x).float().sum().backward()
+            s.step()
+    report = _reports(tmp_path / "b")[0]
+    assert report["first_divergence"] is None, report["first_divergence"]
+    offline = compare(tmp_path / "b", tmp_path / "r", progress=False, workers=1)
+    assert offline.first_divergence is None

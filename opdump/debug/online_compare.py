@@ -51,6 +51,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ..analysis.compare.first import first_divergence
+from ..analysis.compare.noise_floor import demote_noise
 from ..analysis.compare.match import default_matchers, match
 from ..analysis.compare.pairs import METRIC_COLUMNS, Pair, Tensor
 from ..analysis.compare.verdict import Thresholds, judge_metrics, judge_pair
@@ -253,6 +254,7 @@ class OnlineCompare:
                 used.add(id(p.b))
             self._judge_pair(folder, p)
         pairs.sort(key=Pair.sort_key)
+        demote_noise(pairs)                 # precision noise is no divergence, online as offline
         diverging = {p.a.call_key for p in pairs if p.verdict == "diverged"}
         for p in pairs:
             st.verdicts[p.verdict or "unmatched"] += 1
