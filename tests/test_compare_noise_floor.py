@@ -184,3 +184,49 @@ def test_a_consumed_noise_output_is_demoted_as_input_only_when_its_values_match(
     pairs = ins + [later_same, later_other]
     assert demote_noise(pairs) == [1, 2]
     assert "the values of Default/f-op0 output.0" in later_same.reason and later_other.verdict == "diverged"
+
+
+class Centred(nn.Module):
+    """A residual-stream-like input: centred in the autocast dtype (bf16 under autocast), then
+    normalised in fp32 (``.float()``: the LayerNorm's call holds fp32 on both sides)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.ln, self.head = nn.Linear(16, 48), nn.LayerNorm(48), nn.Linear(48, 4)
+
+    def forward(self, x):
+        h = self.fc(x)
+        h = h - h.mean(-1, keepdim=True)
+        return self.head(self.ln(h.float()))
+
+
+@pytest.mark.parametrize("saved", ["tensor", "statistic"])
+def test_autocast_fp32_operator_carries_bf16_rounding(tmp_path, saved, monkeypatch):
+    """bf16 autocast vs fp32: the LayerNorm's call holds fp32 on both sides, but its input was
+    centred in bf16 upstream: its mean is ~1e-8 in fp32 and bf16 rounding (~1e-3) in the
+    autocast run, cosine noise. The compare's lowest precision (bf16) bounds it: no divergence
+    (a ConvNeXt's downsampling LayerNorm was named the first divergence)."""
+    dumps = []
+    for autocast in (True, False):
+        torch.manual_seed(0)
+        model, x = Centred(), torch.randn(8, 16)
+        folder = tmp_path / ("bf16" if autocast else "fp32")
+        folder.mkdir()
+        cfg = write_config(folder, common={"iteration": "0", "saved_data": saved})
+        with opdump.Session(cfg) as s, EagerCapture(s):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                out = model(x)
+            out.float().sum().backward()
+            s.step()
+        dumps.append(str(folder / "dump"))
+    results = {}
+    for fast in ("1", "0"):
+        monkeypatch.setenv("OPDUMP_COMPARE_FAST", fast)
+        res = compare(dumps[0], dumps[1], progress=False, workers=1)
+        mean = res.table[(res.table.op_type == "native_layer_norm") & (res.table.io == "output")
+                         & (res.table.slot == 1) & (res.table.kind == "op")]
+        assert len(mean) == 1 and (mean.dtype_a == mean.dtype_b).all()       # fp32 on both sides
+        assert res.first_divergence is None or res.first_divergence["op_type"] != "native_layer_norm", \
+            res.first_divergence
+        results[fast] = (list(res.table.verdict), list(res.table.reason))
+    assert results["1"] == results["0"]

@@ -9,9 +9,13 @@ by a hold-out trial).
 
 The rule, per operator call of A (its rank, iteration, graph, file name and call):
 
-* the call is a *precision* call when one of its compared floating pairs (inputs or outputs)
-  holds different dtypes in A and B; ``eps`` is the machine epsilon of the lowest precision
-  among those pairs' dtypes (bf16 ``2**-7``, fp16 ``2**-10``, fp32 ``2**-23``…);
+* the compare is a *precision* compare when one of its compared floating pairs holds
+  different dtypes in A and B; ``eps`` is the machine epsilon of the lowest precision among
+  those pairs' dtypes (bf16 ``2**-7``, fp16 ``2**-10``, fp32 ``2**-23``…), for every call:
+  under autocast the values an fp32 operator receives (a LayerNorm, a softmax: autocast
+  runs them in fp32 on both sides) were rounded to bf16 upstream, so the rounding they carry
+  is bf16's although this call's dtypes are the same (a ConvNeXt's downsampling LayerNorm,
+  bf16 autocast vs fp32: its mean was named the first divergence);
 * ``bound = eps × max|input|`` over the call's compared floating inputs, on B's (the
   reference's) side: a tensor pair's ``max_abs_ref``, a statistics pair's ``max(|max|, |min|)``
   (finite values only);
@@ -39,15 +43,15 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .pairs import Pair
 
-__all__ = ["eps_of", "demote_noise", "demote_columns", "CANDIDATE_VERDICTS"]
+__all__ = ["eps_of", "lowest_precision", "NO_DATA_VERDICTS", "demote_noise", "demote_columns", "CANDIDATE_VERDICTS"]
 
 #: the verdicts the rule may demote
 CANDIDATE_VERDICTS = frozenset(("diverged", "nondeterministic"))
-_NO_DATA = frozenset(("skipped", "unreadable", "unmatched"))
+NO_DATA_VERDICTS = frozenset(("skipped", "unreadable", "unmatched"))
 _STATS = ("max", "min", "avg", "l2norm")
 
 
@@ -147,12 +151,31 @@ def _fingerprint(p: Pair) -> tuple:
 
 def _compared(p: Pair) -> bool:
     return p.a is not None and p.b is not None and p.a.kind == "op" and p.mode in ("tensor", "statistics") \
-        and p.verdict not in _NO_DATA
+        and p.verdict not in NO_DATA_VERDICTS
 
 
-def demote_noise(pairs: Sequence[Pair]) -> List[int]:
+def lowest_precision(dtype_pairs: Iterable[Tuple[Any, Any]]) -> Optional[Tuple[float, str]]:
+    """(eps, name) of the lowest precision among (A dtype, B dtype) pairs whose floating
+    precisions differ; None when none does (not a precision compare)."""
+    low: Optional[Tuple[float, str]] = None
+    for da, db in set(dtype_pairs):
+        ea, eb = _eps(da), _eps(db)
+        if ea is None or eb is None or ea[0] == eb[0]:
+            continue
+        e = max(ea, eb)
+        low = e if low is None or e[0] > low[0] else low
+    return low
+
+
+def demote_noise(pairs: Sequence[Pair], low: Optional[Tuple[float, str]] = None) -> List[int]:
     """Apply the rule (module doc) to ``pairs`` in place; the positions of the pairs demoted.
-    ``pairs`` in any order; a call's pairs and the outputs its inputs carry must all be there."""
+    ``pairs`` in any order; a call's pairs and the outputs its inputs carry must all be there.
+    ``low``: the compare's lowest precision (:func:`lowest_precision`) when ``pairs`` are not
+    all its pairs; by default found among ``pairs``."""
+    if low is None:
+        low = lowest_precision(_dtypes(p) for p in pairs if _compared(p))
+    if low is None:                                 # not a precision compare
+        return []
     want = {(p.a.rank,) + p.a.call_key for p in pairs if p.verdict in CANDIDATE_VERDICTS and _compared(p)}
     if not want:                                    # nothing diverged: nothing to read
         return []
@@ -169,19 +192,9 @@ def demote_noise(pairs: Sequence[Pair]) -> List[int]:
         group = [pairs[i] for i in members]
         if not any(p.verdict in CANDIDATE_VERDICTS for p in group):
             continue
-        low: Optional[Tuple[float, str]] = None
-        for p in group:
-            da, db = _dtypes(p)
-            ea, eb = _eps(da), _eps(db)
-            if ea is None or eb is None or ea[0] == eb[0]:
-                continue
-            e = max(ea, eb)
-            low = e if low is None or e[0] > low[0] else low
         for i, p in zip(members, group):
             if p.verdict in CANDIDATE_VERDICTS and p.a.io == "input":
                 pending_inputs.append(i)
-        if low is None:
-            continue
         scales = [s for s in (_scale(p) for p in group if p.a.io == "input" and _eps(p.b.dtype) is not None)
                   if s is not None]
         if not scales:
@@ -218,20 +231,26 @@ def demote_noise(pairs: Sequence[Pair]) -> List[int]:
 
 
 def demote_columns(verdicts: List[Any], reasons: List[Any], same: Sequence[Any], call_keys: Callable[[], List[tuple]],
-                   tensors: Callable[[List[int]], List[Pair]]) -> None:
+                   tensors: Callable[[List[int]], List[Pair]],
+                   dtype_pairs: Callable[[], Iterable[Tuple[Any, Any]]]) -> None:
     """:func:`demote_noise` on column-wise pairs (``verdicts``/``reasons`` changed in place):
-    nothing to do unless a pair holds a candidate verdict and some pair differs in dtype; then the pairs
-    of the calls holding a candidate (``call_keys()``: A's call key per pair) are made
+    nothing to do unless a pair holds a candidate verdict and some pair differs in dtype; then
+    the compare's lowest precision is found among ``dtype_pairs()`` (the compared operator
+    pairs' (A dtype, B dtype), as :func:`demote_noise` would take them), the pairs of the
+    calls holding a candidate (``call_keys()``: A's call key per pair) are made
     (``tensors(idx)``: :class:`.pairs.Pair` records, fields as the per-row stages set them)
     and judged by the same function."""
     n = len(verdicts)
     cand = [i for i in range(n) if verdicts[i] in CANDIDATE_VERDICTS]
     if not cand or all(same):
         return
+    low = lowest_precision(dtype_pairs())
+    if low is None:
+        return
     keys = call_keys()
     want = {keys[i] for i in cand}
     idx = [i for i in range(n) if keys[i] in want]
     made = tensors(idx)
-    for j in demote_noise(made):
+    for j in demote_noise(made, low):
         k = idx[j]
         verdicts[k], reasons[k] = made[j].verdict, made[j].reason
