@@ -292,7 +292,8 @@ DIST = textwrap.dedent('''
                 m(torch.full((2, 4), float(rank))).sum().backward()
                 for p in m.parameters(): dist.all_reduce(p.grad)
                 opt.step(); opt.zero_grad()
-        dist.destroy_process_group()
+        dist.barrier()              # both ranks done before either tears the group down (a rank
+        dist.destroy_process_group()  # left alone once aborted in gloo: "terminate called...")
     if __name__ == "__main__":
         mp.spawn(work, args=(2, sys.argv[1], sys.argv[2]), nprocs=2)
 ''')

@@ -605,6 +605,7 @@ _DDP = textwrap.dedent("""
         ids = torch.randint(0, 64, (2, 8), generator=g)
         loss = model(input_ids=ids, labels=torch.randint(0, 2, (2,), generator=g)).loss
         loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+    dist.barrier()                  # both ranks done before either tears the group down
     dist.destroy_process_group()
 """)
 
