@@ -258,12 +258,14 @@ class Twice(torch.nn.Module):
         return y.relu().sum()
 
 
-def _twice_training(losses, from_step):
+def sgd_training(losses, make_model, make_input):
+    """``make()`` -> ``step()``: SGD steps on ``make_model()`` (seeded, then ``make_input()``),
+    each loss appended to ``losses``."""
     def make():
         torch.manual_seed(0)
-        model = Twice(from_step)
+        model = make_model()
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        x = torch.randn(3, 6)
+        x = make_input()
 
         def step():
             opt.zero_grad()
@@ -273,6 +275,10 @@ def _twice_training(losses, from_step):
             losses.append(loss.item())
         return step
     return make
+
+
+def _twice_training(losses, from_step):
+    return sgd_training(losses, lambda: Twice(from_step), lambda: torch.randn(3, 6))
 
 
 def _plain_losses(from_step, steps=4):

@@ -19,7 +19,7 @@ from opdump.capture.eager.native import inert, path
 
 _TESTS = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, _TESTS)
-from test_native_eager import _observer_built, assert_same_dump, run  # noqa: E402
+from test_native_eager import _observer_built, assert_same_dump, run, sgd_training  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not _observer_built, reason="opdump's native module is not built on this machine")
 
@@ -122,20 +122,7 @@ class WithSubclass(torch.nn.Module):
 
 
 def _subclass_training(losses):
-    def make():
-        torch.manual_seed(0)
-        model = WithSubclass()
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        x = torch.randn(2, 4, generator=torch.Generator().manual_seed(1))
-
-        def step():
-            opt.zero_grad()
-            loss = model(x)
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-        return step
-    return make
+    return sgd_training(losses, WithSubclass, lambda: torch.randn(2, 4, generator=torch.Generator().manual_seed(1)))
 
 
 def test_a_subclass_call_in_a_served_iteration_reaches_the_mode(tmp_path, monkeypatch):

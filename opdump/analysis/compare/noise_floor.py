@@ -47,7 +47,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 
 from .pairs import Pair
 
-__all__ = ["eps_of", "lowest_precision", "NO_DATA_VERDICTS", "demote_noise", "demote_columns", "CANDIDATE_VERDICTS"]
+__all__ = ["eps_of", "lowest_precision", "compared_dtypes", "demote_noise", "demote_columns", "CANDIDATE_VERDICTS"]
 
 #: the verdicts the rule may demote
 CANDIDATE_VERDICTS = frozenset(("diverged", "nondeterministic"))
@@ -152,6 +152,14 @@ def _fingerprint(p: Pair) -> tuple:
 def _compared(p: Pair) -> bool:
     return p.a is not None and p.b is not None and p.a.kind == "op" and p.mode in ("tensor", "statistics") \
         and p.verdict not in NO_DATA_VERDICTS
+
+
+def compared_dtypes(dtype_a: Sequence[Any], dtype_b: Sequence[Any], kind: Sequence[Any], mode: Sequence[Any],
+                    verdict: Sequence[Any]) -> Iterable[Tuple[Any, Any]]:
+    """(A dtype, B dtype) of the compared operator pairs, from the columns of a column-wise
+    compare: the pairs :func:`_compared` keeps, for :func:`lowest_precision`."""
+    return ((da, db) for da, db, k, m, v in zip(dtype_a, dtype_b, kind, mode, verdict)
+            if k == "op" and m in ("tensor", "statistics") and v not in NO_DATA_VERDICTS)
 
 
 def lowest_precision(dtype_pairs: Iterable[Tuple[Any, Any]]) -> Optional[Tuple[float, str]]:

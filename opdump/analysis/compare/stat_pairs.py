@@ -21,7 +21,7 @@ from ..common import is_garbage, is_random_op
 from ..undefined import or_undefined
 from .fields import make_tensors
 from .first import first_difference, first_divergence
-from .noise_floor import NO_DATA_VERDICTS, demote_columns
+from .noise_floor import compared_dtypes, demote_columns
 from .pairs import TABLE_COLUMNS, Pair, _shape_text, shape_from_text
 from .result import CompareResult, rule_of
 from .stat_csv import Cells
@@ -300,7 +300,8 @@ def column_summary(da, db, sp, sources, thresholds):
     c = sp.cols
     n = len(c["rank"])
     # a precision compare's rounding noise is not diverged (.noise_floor): before anything reads verdicts
-    demote_columns(c["verdict"], c["reason"], c["same"], lambda: _call_keys(c), sp.tensors, lambda: _dtype_pairs(c))
+    demote_columns(c["verdict"], c["reason"], c["same"], lambda: _call_keys(c), sp.tensors,
+                   lambda: compared_dtypes(c["dtype_a"], c["dtype_b"], c["kind"], c["mode"], c["verdict"]))
     # compared: identical known, or a mode and a verdict other than unreadable/unmatched
     compared = _mask(map(operator.is_not, c["identical"], repeat(None)), n) | (
         _mask(map(bool, c["mode"]), n) & ~_mask(map(_NOT_COMPARED.__contains__, c["verdict"]), n))
@@ -336,12 +337,6 @@ def _mask(bools, n: int) -> np.ndarray:
 
 def _call_keys(c) -> List[tuple]:
     return list(zip(c["rank"], c["iteration"], c["graph"], c["op_file"], c["call"]))
-
-
-def _dtype_pairs(c):
-    """(A dtype, B dtype) of the compared operator pairs (``noise_floor``'s precision compare)."""
-    return ((da, db) for da, db, k, m, v in zip(c["dtype_a"], c["dtype_b"], c["kind"], c["mode"], c["verdict"])
-            if k == "op" and m in ("tensor", "statistics") and v not in NO_DATA_VERDICTS)
 
 
 def _first_divergence(sp: StatPairs, sources):

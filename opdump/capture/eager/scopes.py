@@ -148,8 +148,8 @@ class ScopeTracker:
         k = self._count(None, module)   # apart from the root's children, whose parent path is ""
         key = (id(module), k)
         frame = self._roots.get(key)
-        if frame is None or frame.module is not module or frame.root != display_class(module) + (f"@{k}" if k else ""):
-            root = display_class(module) + (f"@{k}" if k else "")
+        root = display_class(module) + (f"@{k}" if k else "")
+        if frame is None or frame.module is not module or frame.root != root:
             frame = Frame(module, "", (), (str(id(module)),), root, False)
             if len(self._roots) > 1024:
                 self._roots.clear()
