@@ -66,8 +66,8 @@ def _rows(res, op_type, io="output", slot=0):
 
 def _column_path_ran(monkeypatch):
     seen = []
-    real = stat_pairs.demote_columns
-    monkeypatch.setattr(stat_pairs, "demote_columns", lambda *a: (seen.append(1), real(*a))[1])
+    real = stat_pairs.demote_stat_columns
+    monkeypatch.setattr(stat_pairs, "demote_stat_columns", lambda *a: (seen.append(1), real(*a))[1])
     return seen
 
 

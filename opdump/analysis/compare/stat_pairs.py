@@ -21,7 +21,7 @@ from ..common import is_garbage, is_random_op
 from ..undefined import or_undefined
 from .fields import make_tensors
 from .first import first_difference, first_divergence
-from .noise_floor import compared_dtypes, demote_columns
+from .noise_columns import demote_stat_columns
 from .pairs import TABLE_COLUMNS, Pair, _shape_text, shape_from_text
 from .result import CompareResult, rule_of
 from .stat_csv import Cells
@@ -300,8 +300,7 @@ def column_summary(da, db, sp, sources, thresholds):
     c = sp.cols
     n = len(c["rank"])
     # a precision compare's rounding noise is not diverged (.noise_floor): before anything reads verdicts
-    demote_columns(c["verdict"], c["reason"], c["same"], lambda: _call_keys(c), sp.tensors,
-                   lambda: compared_dtypes(c["dtype_a"], c["dtype_b"], c["kind"], c["mode"], c["verdict"]))
+    demote_stat_columns(sp)                                     # .noise_columns
     # compared: identical known, or a mode and a verdict other than unreadable/unmatched
     compared = _mask(map(operator.is_not, c["identical"], repeat(None)), n) | (
         _mask(map(bool, c["mode"]), n) & ~_mask(map(_NOT_COMPARED.__contains__, c["verdict"]), n))
