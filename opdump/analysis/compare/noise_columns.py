@@ -23,6 +23,7 @@ root, the maximum), in float64 as Python's floats are.
 from __future__ import annotations
 
 import math
+from itertools import compress
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -44,19 +45,25 @@ def _as_float(v: Any) -> Tuple[float, bool]:
 
 
 class _Cells:
-    """A side frame's column as its row dicts hold it (``Series.tolist()``: what
-    :func:`.fields.make_tensors` puts in ``Tensor.row``), read once per (side, frame, column)."""
+    """A side frame's cells as its row dicts hold them (``Series.tolist()``: what
+    :func:`.fields.make_tensors` puts in ``Tensor.row``), taken at the rows asked for."""
 
     def __init__(self, sides):
         self.sides = sides
-        self.memo: Dict[tuple, Optional[list]] = {}
 
-    def values(self, s: int, tag: int, col: str) -> Optional[list]:
-        key = (s, tag, col)
-        if key not in self.memo:
-            frame = self.sides[s][tag]
-            self.memo[key] = frame[col].tolist() if col in frame.columns else None
-        return self.memo[key]
+    def column(self, s: int, tag: int, col: str):
+        frame = self.sides[s][tag]
+        return frame[col] if col in frame.columns else None
+
+    def take(self, s: int, tag: int, col: str, rows: List[int]) -> Optional[list]:
+        """The cells of ``col`` at ``rows`` (None: no such column)."""
+        ser = self.column(s, tag, col)
+        if ser is None:
+            return None
+        dt = ser.dtype
+        if isinstance(dt, np.dtype) and dt.kind in "ifbO":          # numpy's tolist: Series.tolist's cells
+            return ser.to_numpy()[np.asarray(rows, dtype=np.int64)].tolist()
+        return ser.iloc[rows].tolist()
 
     def floats(self, side: np.ndarray, rows: np.ndarray, tag: int, col: str) -> Tuple[np.ndarray, np.ndarray]:
         """(value, convertible) of ``col`` at (``side``, ``rows``), float64; a missing column:
@@ -65,17 +72,16 @@ class _Cells:
         ok = np.zeros(len(rows), dtype=bool)
         for s in np.unique(side).tolist():
             at = np.flatnonzero(side == s)
-            cells = self.values(s, tag, col)
-            if cells is None:
+            ser = self.column(s, tag, col)
+            if ser is None:
                 continue
-            frame_col = self.sides[s][tag][col]
-            dt = frame_col.dtype
+            dt = ser.dtype
             r = rows[at]
             if isinstance(dt, np.dtype) and dt.kind in "if":     # every cell a Python float/int
-                val[at] = frame_col.to_numpy()[r].astype(np.float64)
+                val[at] = ser.to_numpy()[r].astype(np.float64)
                 ok[at] = True
                 continue
-            got = [_as_float(cells[i]) for i in r.tolist()]
+            got = [_as_float(x) for x in self.take(s, tag, col, r.tolist())]
             val[at] = [v for v, _ in got]
             ok[at] = [k for _, k in got]
         return val, ok
@@ -127,30 +133,34 @@ def demote_stat_columns(sp) -> None:
     c = sp.cols
     verdicts, reasons = c["verdict"], c["reason"]
     n = len(verdicts)
-    cand = [i for i in range(n) if verdicts[i] in CANDIDATE_VERDICTS]
-    if not cand or all(c["same"]):
+    is_cand = np.fromiter(map(CANDIDATE_VERDICTS.__contains__, verdicts), dtype=bool, count=n)
+    if not is_cand.any() or all(c["same"]):
         return
     has_a, has_b = c.get("has_a"), c.get("has_b")
-    both = [True] * n if has_a is None else [x and y for x, y in zip(has_a, has_b)]
     kind, mode = c["kind"], c["mode"]
-    compared = [b and k == "op" and m in ("tensor", "statistics") and v not in NO_DATA_VERDICTS
-                for b, k, m, v in zip(both, kind, mode, verdicts)]
-    if any(compared[i] and mode[i] != "statistics" for i in range(n)) or not hasattr(sp, "sides") \
-            or "row_a" not in c:
+    compared = (np.fromiter(map("op".__eq__, kind), dtype=bool, count=n)
+                & np.fromiter(map(("tensor", "statistics").__contains__, mode), dtype=bool, count=n)
+                & ~np.fromiter(map(NO_DATA_VERDICTS.__contains__, verdicts), dtype=bool, count=n))
+    if has_a is not None:
+        compared &= np.fromiter(map(bool, has_a), dtype=bool, count=n) & np.fromiter(map(bool, has_b), dtype=bool,
+                                                                                     count=n)
+    stat = np.fromiter(map("statistics".__eq__, mode), dtype=bool, count=n)
+    if (compared & ~stat).any() or not hasattr(sp, "sides") or "row_a" not in c:
         from .stat_pairs import _call_keys
         demote_columns(verdicts, reasons, c["same"], lambda: _call_keys(c), sp.tensors,
                        lambda: compared_dtypes(c["dtype_a"], c["dtype_b"], kind, mode, verdicts))
         return
-    low = lowest_precision((c["dtype_a"][i], c["dtype_b"][i]) for i in range(n) if compared[i])
+    low = lowest_precision(compress(zip(c["dtype_a"], c["dtype_b"]), compared.tolist()))
     if low is None:
         return
+    cand = np.flatnonzero(is_cand & compared).tolist()
     keys = list(zip(c["rank"], c["iteration"], c["graph"], c["op_file"], c["call"]))
-    want = {keys[i] for i in cand if compared[i]}
+    want = set(map(keys.__getitem__, cand))
     if not want:
         return
     calls: Dict[tuple, List[int]] = {}
-    for i in range(n):
-        if compared[i] and keys[i] in want:
+    for i in np.flatnonzero(compared).tolist():
+        if keys[i] in want:
             calls.setdefault(keys[i], []).append(i)
     idx = [i for members in calls.values() for i in members]          # the rule's reading order
     call_no = np.asarray([j for j, members in enumerate(calls.values()) for _ in members], dtype=np.int64)
@@ -160,7 +170,7 @@ def demote_stat_columns(sp) -> None:
     io = [c["io"][i] for i in idx]
     is_in = np.fromiter((x == "input" for x in io), dtype=bool, count=len(idx))
     is_out = np.fromiter((x == "output" for x in io), dtype=bool, count=len(idx))
-    is_cand = np.fromiter((verdicts[i] in CANDIDATE_VERDICTS for i in idx), dtype=bool, count=len(idx))
+    at_cand = np.fromiter((verdicts[i] in CANDIDATE_VERDICTS for i in idx), dtype=bool, count=len(idx))
     eps_b = np.fromiter((_eps(c["dtype_b"][i]) is not None for i in idx), dtype=bool, count=len(idx))
     cells = _Cells(sp.sides)
     scale = np.where(is_in & eps_b, _scales(cells, side, rb), np.nan)
@@ -168,25 +178,27 @@ def demote_stat_columns(sp) -> None:
     has = ~np.isnan(scale)
     np.fmax.at(top, call_no[has], scale[has])                          # max(scales) per call, NaN: none
     bound = low[0] * top[call_no]
-    out_at = np.flatnonzero(is_out & is_cand & ~np.isnan(bound))
+    out_at = np.flatnonzero(is_out & at_cand & ~np.isnan(bound))
     err = np.full(len(idx), np.nan)
     if len(out_at):
         err[out_at] = _errors(cells, side[out_at], ra[out_at], rb[out_at])
     with np.errstate(invalid="ignore"):
-        demoted = np.flatnonzero(is_out & is_cand & ~np.isnan(err) & (err <= bound)).tolist()
+        demoted = np.flatnonzero(is_out & at_cand & ~np.isnan(err) & (err <= bound)).tolist()
     if not demoted:
         return
     carried: Dict[tuple, Tuple[int, float]] = {}
-    for j in demoted:
+    for j, fp in zip(demoted, _fingerprints(c, cells, [idx[j] for j in demoted])):
         i, e, bd = idx[j], float(err[j]), float(bound[j])
         was = reasons[i] or verdicts[i]
         verdicts[i] = "warning"
         reasons[i] = (f"max abs error its statistics show {e:.3g} is below the inputs' {low[1]} rounding "
                       f"(eps × max|input| = {bd:.3g}): rounding noise, not a divergence (was: {was})")
-        carried.setdefault(_fingerprint(c, cells, i), (i, bd))
-    for j in np.flatnonzero(is_in & is_cand).tolist():
-        i = idx[j]
-        src = carried.get(_fingerprint(c, cells, i))
+        carried.setdefault(fp, (i, bd))
+    heads = {fp[:5] for fp in carried}                  # an input can match only with these
+    inputs = [idx[j] for j in np.flatnonzero(is_in & at_cand).tolist()]
+    inputs = [i for i in inputs if _head(c, i) in heads]
+    for i, fp in zip(inputs, _fingerprints(c, cells, inputs)):
+        src = carried.get(fp)
         if src is None:
             continue
         o, bd = src
@@ -196,15 +208,29 @@ def demote_stat_columns(sp) -> None:
                       f"(eps × max|input| = {bd:.3g}): rounding noise, not a divergence (was: {was})")
 
 
-def _fingerprint(c, cells: _Cells, i: int) -> tuple:
-    """``(rank, iteration)`` + ``noise_floor._fingerprint`` of the statistics pair ``i`` (the
-    shape by its text: one text per shape tuple)."""
-    s, ra, rb = c["side"][i], c["row_a"][i], c["row_b"][i]
+def _head(c, i: int) -> tuple:
+    """The first fields of :func:`_fingerprints`' key: rank, iteration, shape text, dtypes."""
+    return (c["rank"][i], c["iteration"][i], c["shape_a"][i], c["dtype_a"][i], c["dtype_b"][i])
 
-    def row(tag: int, r: int) -> Tuple[str, ...]:
-        out = []
+
+def _fingerprints(c, cells: _Cells, ids: List[int]) -> List[tuple]:
+    """Per statistics pair of ``ids``: :func:`_head` + ``noise_floor._fingerprint``'s
+    statistics (``repr`` of each row cell of max, min, avg, l2norm, count, md5; the shape
+    by its text: one text per shape tuple)."""
+    if not ids:
+        return []
+    m = len(ids)
+    parts: List[List[str]] = []
+    sides = [c["side"][i] for i in ids]
+    for tag, rows_key in ((0, "row_a"), (1, "row_b")):
+        rows = [c[rows_key][i] for i in ids]
         for k in _FINGER:
-            vals = cells.values(s, tag, k)
-            out.append(repr(vals[r] if vals is not None else None))
-        return tuple(out)
-    return (c["rank"][i], c["iteration"][i], c["shape_a"][i], c["dtype_a"][i], c["dtype_b"][i], row(0, ra), row(1, rb))
+            out: List[str] = ["None"] * m
+            for s in dict.fromkeys(sides):
+                at = [j for j in range(m) if sides[j] == s]
+                vals = cells.take(s, tag, k, [rows[j] for j in at])
+                if vals is not None:
+                    for j, v in zip(at, map(repr, vals)):
+                        out[j] = v
+            parts.append(out)
+    return [_head(c, i) + (tuple(p[:6]), tuple(p[6:])) for i, p in zip(ids, zip(*parts))]
