@@ -37,7 +37,8 @@ after its verdicts and before the first difference/divergence, the summary and t
 ``compare``'s per-row stages on all its pairs, the column-wise paths (:mod:`.stat_pairs`'
 ``column_summary``, shared by the statistics and tensor-file paths) through
 :func:`demote_columns`, on the pairs of the calls holding a candidate -- the only pairs
-the rule reads -- so both give the same verdicts.
+the rule reads -- so both give the same verdicts; statistics pairs by the same rule over
+numpy columns (:mod:`.noise_columns`, checked against :func:`demote_columns`).
 """
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ from .pairs import TABLE_COLUMNS, Pair, _shape_text, shape_from_text
 from .result import CompareResult, rule_of
 from .stat_csv import Cells
 from .stat_result import StatCompareResult, with_cells
-from .stat_cells import iterations_of, per_distinct
+from .stat_cells import iterations_of, per_distinct, scatter
 from .stat_columns import _VALUES, column_of_values, judge_columns
 from .stat_gather import take_cells as _take
 from .stat_onesided import add_one_sided, call_counts, summary_lists, unmatched_warning
@@ -163,7 +163,7 @@ class StatPairs:
         if undefined is not None:           # out= destinations, empty* outputs (.undefined)
             ga, gb = or_undefined(ga, undefined[0], c), or_undefined(gb, undefined[1], c, "_b")
         all_live = not (any(ga) or any(gb))
-        live = list(range(n)) if all_live else [i for i in range(n) if not (ga[i] or gb[i])]
+        live = list(range(n)) if all_live else list(compress(range(n), map(operator.not_, map(operator.or_, ga, gb))))
         same = per_distinct(_same_dtype, list(zip(c["dtype_a"], c["dtype_b"])))
         if live:
             live_a = None if all_live else np.asarray(live, dtype=np.int64)
@@ -174,7 +174,7 @@ class StatPairs:
                 return f
 
             def pick(v):
-                return v if all_live else [v[i] for i in live]
+                return v if all_live else list(map(v.__getitem__, live))
             v, r, ex, ident = judge_columns(col("a"), col("b"), len(live), pick(stat["a"]["md5"]),
                                             pick(stat["b"]["md5"]), pick(has_any), pick(same),
                                             pick(c["dtype_a"]), th, lambda dtype: same_dtype_tolerance(dtype, th))
@@ -186,8 +186,8 @@ class StatPairs:
             mode = [""] * n
             metrics: List[Dict[str, Any]] = [{} for _ in range(n)]
             identical: List[Optional[bool]] = [None] * n
-            for k, i in enumerate(live):
-                verdict[i], reason[i], metrics[i], identical[i], mode[i] = v[k], r[k], ex[k], ident[k], "statistics"
+            if live:
+                scatter(live, (verdict, v), (reason, r), (metrics, ex), (identical, ident), (mode, ["statistics"] * len(live)))
         random_rule(c["op_type"], c["io"], verdict, reason)
         c["verdict"], c["reason"], c["mode"], c["metrics"], c["identical"], c["same"] = (
             verdict, reason, mode, metrics, identical, same)
