@@ -136,3 +136,23 @@ def test_healthy_exception_dump_is_a_clean_result(tmp_path):
     out = subprocess.run(OPDUMP + ["ls", dump], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "no manifest" not in out.stdout and "nothing to analyse" not in out.stderr, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("mode", [0, 4])
+def test_overflow_number_without_the_overflow_dump_says_it_is_ignored(tmp_path, mode):
+    """Fixed (opdump/config/rules.py): ``overflow_number`` set without ``op_debug_mode`` 3 was
+    taken without a word, and a user who meant an overflow-only dump got every operator dumped."""
+    import warnings
+    from opdump.config.loader import load_config_dict
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        load_config_dict({"common_dump_settings": {"path": str(tmp_path), "op_debug_mode": mode,
+                                                   "overflow_number": 2}}, env={})
+    said = [str(w.message) for w in seen if "overflow_number 2 is ignored" in str(w.message)]
+    assert len(said) == 1 and seen[0].filename == __file__, [str(w.message) for w in seen]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        load_config_dict({"common_dump_settings": {"path": str(tmp_path), "op_debug_mode": 3,
+                                                   "overflow_number": 2}}, env={})
+        load_config_dict({"common_dump_settings": {"path": str(tmp_path), "overflow_number": 0}}, env={})
+    assert not [w for w in seen if "overflow_number" in str(w.message)]

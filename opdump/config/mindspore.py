@@ -19,7 +19,8 @@ Decisions (README config reference):
   ``input_output`` 0 becomes 1 (2 is an error), ``iteration`` becomes "all"
   and ``dump_mode`` 0, as MindSpore does.  ``op_debug_mode`` 3 and 4 ignore
   ``dump_mode`` (set to 0) and need ``saved_data`` "tensor" and ``sample_mode`` 0.
-* ``overflow_number`` is accepted with any ``op_debug_mode`` (used only by 3);
+* ``overflow_number`` is accepted with any ``op_debug_mode`` (used only by 3; a non-zero value
+  with another mode is ignored with a warning, :mod:`.rules`);
   ``kernels`` are validated even when ``dump_mode`` is not 1 (MindSpore's own
   example lists one with ``dump_mode`` 0).  List fields refuse duplicates;
   kernel entries are stripped of outer whitespace.
