@@ -156,3 +156,36 @@ def test_overflow_number_without_the_overflow_dump_says_it_is_ignored(tmp_path, 
                                                    "overflow_number": 2}}, env={})
         load_config_dict({"common_dump_settings": {"path": str(tmp_path), "overflow_number": 0}}, env={})
     assert not [w for w in seen if "overflow_number" in str(w.message)]
+
+
+class _SinhNet(nn.Module):
+    """fp16: ``sinh`` overflows from finite inputs when ``k`` is large, and so does its backward ``cosh``."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x, k):
+        return torch.sinh(self.fc(x) * k).clamp(-1, 1).sum()
+
+
+def test_overflow_cli_lists_what_overflow_number_did_not_dump(tmp_path):
+    """Fixed (opdump/analysis/overflow.py ``listed_not_dumped``, opdump/cli/overflow_listed.py):
+    with ``overflow_number`` 1 ``opdump overflow`` showed the first ``sinh`` only -- the backward
+    ``cosh`` that overflowed on its own, listed in ``overflow.json``, was not mentioned -- and
+    ``--iterations`` of a later step whose overflows were all past the limit said "nothing to
+    analyse" (exit 2)."""
+    cfg, dump = _config(tmp_path, "ovfn", {"op_debug_mode": 3, "iteration": "all", "overflow_number": 1})
+    torch.manual_seed(0)
+    model, x = _SinhNet().half(), torch.randn(4, 8).half()
+    with opdump.Session(cfg) as s, EagerCapture(s):
+        for k in (1.0, 50.0, 50.0):
+            model(x, torch.tensor(k, dtype=torch.float16)).backward()
+            s.step()
+    out = subprocess.run(OPDUMP + ["overflow", dump], capture_output=True, text=True)
+    assert out.returncode == 1 and "Default/_SinhNet/sinh-op" in out.stdout.splitlines()[0], out.stdout + out.stderr
+    assert "not dumped" in out.stdout and "Gradients/Default/_SinhNet/cosh-op" in out.stdout, out.stdout
+    later = subprocess.run(OPDUMP + ["overflow", dump, "--iterations", "2", "--json"], capture_output=True, text=True)
+    assert later.returncode == 1, later.stdout + later.stderr
+    listed = json.loads(later.stdout)["not_dumped"]
+    assert [(e["iteration"], e["op_type"]) for e in listed] == [(2, "sinh"), (2, "cosh")], listed

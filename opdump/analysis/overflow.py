@@ -54,7 +54,7 @@ from .reader.npy import load_checked
 from .reader import Dump
 from ..debug.origin import ARGUMENT, INPUT, ON_PURPOSE, OPERATOR, judge    # the rule op_debug_mode 3 uses too
 
-__all__ = ["OverflowEvent", "OverflowReport", "find_overflow"]
+__all__ = ["OverflowEvent", "OverflowReport", "find_overflow", "listed_not_dumped"]
 
 
 @dataclass
@@ -288,3 +288,51 @@ def find_overflow(dump: Dump, rank: Optional[int] = None, iterations: Optional[I
         first_events.sort(key=lambda t: (t[0], t[1]))
         _, _, report.origin, report.affected, report.more_origins = first_events[0]
     return report
+
+
+def listed_not_dumped(dump: Dump, rank: Optional[int] = None,
+                      iterations: Optional[Iterable[int]] = None) -> List[Dict[str, Any]]:
+    """The overflowing operators an overflow-only dump (``op_debug_mode`` 3) listed in its
+    ``overflow.json`` summaries but did not dump (past ``overflow_number``), in execution order:
+    dicts of the summary's entry plus ``rank``, ``graph`` and ``iteration``.
+
+    Why: they have no tensor file and no statistics row, so :func:`find_overflow` cannot see
+    them; a limited watch (``overflow_number`` 1) would otherwise show the user one origin and
+    hide a second operator that overflowed on its own (a backward ``cosh``), or say "nothing to
+    analyse" for an iteration whose overflows were all past the limit.  An unreadable summary
+    is skipped (it proves nothing)."""
+    import glob
+    import json
+    import os
+    wanted = None if iterations is None else {int(i) for i in iterations if not isinstance(i, tuple)}
+    out: List[Dict[str, Any]] = []
+    for rk, r in sorted(dump.ranks.items()):
+        if rank is not None and rk != rank:
+            continue
+        for p in glob.glob(os.path.join(glob.escape(str(r.path)), "**", "overflow.json"), recursive=True):
+            try:
+                with open(p, encoding="utf-8") as f:
+                    body = json.load(f)
+                it, events = int(body["iteration"]), list(body["overflows"])
+            except Exception:  # noqa: BLE001 - an unreadable summary proves nothing
+                continue
+            if wanted is not None and it not in wanted:
+                continue
+            graph = os.path.basename(os.path.dirname(os.path.dirname(p)))
+            for e in events:
+                if isinstance(e, dict) and e.get("dumped") is False:
+                    out.append({**e, "rank": rk, "iteration": it,
+                                "graph": int(graph) if graph.isdigit() else graph})
+    # execution order: iteration, then the watch's order (one counter per session)
+    out.sort(key=lambda e: (e["rank"], e["iteration"], str(e["graph"]), int(e.get("order") or 0)))
+    return out
+
+
+def describe_listed(e: Dict[str, Any]) -> str:
+    """One line for an entry of :func:`listed_not_dumped`."""
+    outs = []
+    for o in e.get("outputs") or []:
+        counts = [f"{o[k]} {w}" for k, w in (("nan", "NaN"), ("pos_inf", "+Inf"), ("neg_inf", "-Inf")) if o.get(k)]
+        outs.append(f"output.{o.get('slot')}: " + ", ".join(counts or ["non-finite"]))
+    where = f"iteration {e['iteration']}, graph {e['graph']}" + (f", {e['source']}" if e.get("source") else "")
+    return f"{e.get('op')}  ({where})" + (f"  {'; '.join(outs)}" if outs else "")

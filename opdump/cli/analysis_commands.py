@@ -131,7 +131,8 @@ def cmd_locate(args) -> int:
 # ----------------------------------------------------------------------------- overflow
 
 def cmd_overflow(args) -> int:
-    from opdump.analysis.overflow import find_overflow
+    from opdump.analysis.overflow import find_overflow, listed_not_dumped
+    from .overflow_listed import print_listed, print_listed_only
     try:
         d = _open(args.path)
         its = parse_iterations(args.iterations)
@@ -140,6 +141,9 @@ def cmd_overflow(args) -> int:
     rep = find_overflow(d, rank=args.rank, iterations=its, max_affected=args.max_affected,
                         use_tensors=not args.stats_only, progress=not args.quiet)
     _report_unreadable("overflow", rep.unreadable)
+    listed = listed_not_dumped(d, rank=args.rank, iterations=its)     # past overflow_number: no files
+    if rep.nothing and listed:
+        return print_listed_only(listed, args.json, args.max_affected)
     if rep.nothing:
         from opdump.debug.overflow_summary import clean_watch
         clean = clean_watch([r.path for r in d.ranks.values()], its)
@@ -164,8 +168,9 @@ def cmd_overflow(args) -> int:
                           "more_origins": [e.to_dict() for e in rep.more_origins],
                           "per_rank": {str(k): (v.to_dict() if v else None) for k, v in rep.per_rank.items()},
                           "scanned_tensors": rep.scanned_tensors, "unknown_tensors": rep.unknown_tensors,
-                          "method": rep.method, "unreadable": _unreadable_json(rep.unreadable)}, indent=1))
-        return 1 if rep.found else 0
+                          "method": rep.method, "unreadable": _unreadable_json(rep.unreadable),
+                          "not_dumped": listed}, indent=1))
+        return 1 if rep.found or listed else 0
     if rep.unreadable:
         print(f"note: {len(rep.unreadable)} file(s) or statistics rows could not be read (listed on stderr); "
               "the rest was analysed")
@@ -203,6 +208,7 @@ def cmd_overflow(args) -> int:
     others = [(k, v) for k, v in rep.per_rank.items() if v is not None and v is not o]
     for k, v in others:
         print(f"rank {k}: first {v.op} (iteration {v.iteration})")
+    print_listed(listed, args.max_affected)
     return 1
 
 
