@@ -30,6 +30,7 @@ from .stat_cells import iterations_of, per_distinct, scatter
 from .stat_columns import _VALUES, column_of_values, judge_columns
 from .stat_gather import take_cells as _take
 from .stat_onesided import add_one_sided, call_counts, summary_lists, unmatched_warning
+from .stat_calls import _KeysOnce, _call_keys, _same_columns, operator_calls  # noqa: F401 (_call_keys: .noise_columns)
 
 __all__ = ["StatPairs", "finish_result"]
 
@@ -159,7 +160,8 @@ class StatPairs:
                 c[k] = [int(v) for v in c[k]]
         n = len(c["rank"])
         # verdicts (judge_pair, then the statistics of the pairs it does not skip)
-        ga, gb = garbage(c["op_type"], c["io"], c["slot"]), garbage(c["op_type_b"], c["io_b"], c["slot_b"])
+        ga = garbage(c["op_type"], c["io"], c["slot"])
+        gb = ga if _same_columns(c, ("op_type", "io", "slot")) else garbage(c["op_type_b"], c["io_b"], c["slot_b"])
         if undefined is not None:           # out= destinations, empty* outputs (.undefined)
             ga, gb = or_undefined(ga, undefined[0], c), or_undefined(gb, undefined[1], c, "_b")
         all_live = not (any(ga) or any(gb))
@@ -306,8 +308,9 @@ def column_summary(da, db, sp, sources, thresholds):
         _mask(map(bool, c["mode"]), n) & ~_mask(map(_NOT_COMPARED.__contains__, c["verdict"]), n))
     same_at = _mask(map(bool, c["same"]), n)[compared]
     same = bool(len(same_at)) and bool(same_at.all())
-    fdiff, nondet_d = _first_difference(sp, sources) if same else (None, [])
-    fdiv, nondet, params = _first_divergence(sp, sources)
+    keys = _KeysOnce(c)                                         # A's call keys, made once for all below
+    fdiff, nondet_d = _first_difference(sp, sources, keys) if same else (None, [])
+    fdiv, nondet, params = _first_divergence(sp, sources, keys)
     rule, note = rule_of(same, int((~same_at).sum()), len(same_at), thresholds)
     if "has_a" in c:                                            # some tensors alone (.stat_onesided)
         matched_by = dict(Counter(compress(c["match"], map(operator.and_, c["has_a"], c["has_b"]))))
@@ -315,10 +318,7 @@ def column_summary(da, db, sp, sources, thresholds):
         ops = {"calls_a": n_a, "matched_a": m_a, "calls_b": n_b, "matched_b": m_b}
     else:
         matched_by = dict(Counter(c["match"]))                   # first seen first, as the loop counted
-        calls_a = len(set(compress(zip(c["rank"], c["iteration"], c["graph"], c["op_file"], c["call"]),
-                                   map("op".__eq__, c["kind"]))))
-        calls_b = len(set(compress(zip(c["rank_b"], c["iteration_b"], c["graph_b"], c["op_file_b"], c["call_b"]),
-                                   map("op".__eq__, c["kind_b"]))))
+        calls_a, calls_b = operator_calls(c, keys)
         ops = {"calls_a": calls_a, "matched_a": calls_a, "calls_b": calls_b, "matched_b": calls_b}
 
     def settle(result):
@@ -334,11 +334,7 @@ def _mask(bools, n: int) -> np.ndarray:
     return np.fromiter(bools, dtype=bool, count=n)
 
 
-def _call_keys(c) -> List[tuple]:
-    return list(zip(c["rank"], c["iteration"], c["graph"], c["op_file"], c["call"]))
-
-
-def _first_divergence(sp: StatPairs, sources):
+def _first_divergence(sp: StatPairs, sources, keys_of: Optional[Callable[[], List[tuple]]] = None):
     """:func:`.first.first_divergence` on the pairs it can look at: the nondeterministic ones
     before the first diverged operator, the diverged parameters, and every pair of the first
     diverged operator's call (the other diverged operators change nothing it reports)."""
@@ -348,14 +344,14 @@ def _first_divergence(sp: StatPairs, sources):
     idx = np.flatnonzero(_mask(map(_DIVERGED.__contains__, verdict), n)).tolist()
     first = next((i for i in idx if verdict[i] == "diverged" and kind[i] == "op"), None)
     if first is not None:
-        keys = _call_keys(c)
+        keys = (keys_of or _KeysOnce(c))()
         same_call = np.flatnonzero(_mask(map(keys[first].__eq__, keys), n)).tolist()
         idx = sorted({i for i in idx if (verdict[i] == "nondeterministic" and i < first)
                       or (verdict[i] == "diverged" and kind[i] != "op")} | set(same_call))
     return first_divergence(sp.tensors(idx), sources)
 
 
-def _first_difference(sp: StatPairs, sources):
+def _first_difference(sp: StatPairs, sources, keys_of: Optional[Callable[[], List[tuple]]] = None):
     """:func:`.first.first_difference` on the pairs it can look at: the calls of A holding a
     pair that is not identical (the first few, then all when those decide nothing) and the
     parameters that are not identical."""
@@ -365,7 +361,7 @@ def _first_difference(sp: StatPairs, sources):
     differs = _mask(map(operator.is_, c["identical"], repeat(False)), n)
     params = np.flatnonzero(~is_op & differs).tolist()
     rows = np.flatnonzero(is_op & differs).tolist()
-    keys = _call_keys(c) if rows else []
+    keys = (keys_of or _KeysOnce(c))() if rows else []
     order = list(dict.fromkeys(map(keys.__getitem__, rows)))       # A's calls holding one, first seen first
     for limit in (_FIRST_CALLS, None):
         chosen = set(order[:limit] if limit else order)
