@@ -51,3 +51,42 @@ def test_counts_match_the_plain_count(seed, changed):
     assert keys() is keys()             # built once, shared
     if changed is not None and changed != "graph":
         assert want[0] != want[1]       # the case tests the B side for real
+
+
+def _tuple_partition(cols):
+    keys = list(zip(*cols))
+    first = {}
+    for i, k in enumerate(keys):
+        first.setdefault(k, i)
+    return [first[k] for k in keys], list(first.values())
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_row_keys_tell_rows_apart_as_the_tuples_do(seed):
+    """Constant columns, B's columns equal to A's, equal-but-distinct objects and NaN
+    objects (one shared, several distinct): keys equal exactly where the tuples are."""
+    from opdump.analysis.compare.stat_calls import first_rows, row_keys
+    rng = random.Random(seed)
+    n = 150
+    nan = float("nan")
+    pool = [0, 1, 2, "op", "parameter", None, nan, 1.0]
+    cols = []
+    for _ in range(rng.randrange(1, 7)):
+        shape = rng.choice(["const", "dup", "rand", "nans", "strs"])
+        if shape == "const":
+            cols.append([rng.choice(pool)] * n)
+        elif shape == "dup" and cols:
+            cols.append(list(rng.choice(cols)))
+        elif shape == "nans":               # distinct NaN objects: never equal to each other
+            cols.append([float("nan") if rng.random() < 0.3 else rng.randrange(3) for _ in range(n)])
+        elif shape == "strs":               # equal strings that are different objects
+            cols.append(["".join(["op", str(rng.randrange(3))]) for _ in range(n)])
+        else:
+            cols.append([rng.choice(pool) for _ in range(n)])
+    keys = row_keys(cols)
+    assert len(keys) == n
+    first = {}
+    got = [first.setdefault(k, i) for i, k in enumerate(keys)]
+    want, want_first = _tuple_partition(cols)
+    assert got == want
+    assert first_rows(keys) == want_first

@@ -30,7 +30,8 @@ from .stat_cells import iterations_of, per_distinct, scatter
 from .stat_columns import _VALUES, column_of_values, judge_columns
 from .stat_gather import take_cells as _take
 from .stat_onesided import add_one_sided, call_counts, summary_lists, unmatched_warning
-from .stat_calls import _KeysOnce, _call_keys, _same_columns, operator_calls  # noqa: F401 (_call_keys: .noise_columns)
+from .stat_calls import _call_keys  # noqa: F401 (read by .noise_columns)
+from .stat_calls import _KeysOnce, _same_columns, first_rows, operator_calls, row_keys
 
 __all__ = ["StatPairs", "finish_result"]
 
@@ -242,14 +243,15 @@ def _sources(sp: StatPairs, da, db, sources) -> None:
             self.kind, self.rank, self.graph, self.op = kind, rank, graph, op
     c = sp.cols
     kind_a = c["kind"] if "has_a" not in c else [k if x else None for k, x in zip(c["kind"], c["has_a"])]
-    keys = list(zip(kind_a, c["rank"], c["graph"], c["op"], c["kind_b"], c["rank_b"], c["graph_b"], c["op_b"]))
-    cache: Dict[tuple, str] = {}
-    for key in dict.fromkeys(keys):                  # once per distinct operator pair, first seen first
-        ka, ra, ga, oa, kb, rb, gb, ob = key
+    cols = (kind_a, c["rank"], c["graph"], c["op"], c["kind_b"], c["rank_b"], c["graph_b"], c["op_b"])
+    keys = row_keys(list(cols))                     # equal where the 8-tuples are (.stat_calls)
+    cache: Dict[Any, str] = {}
+    for i in first_rows(keys):                      # once per distinct operator pair, first seen first
+        ka, ra, ga, oa, kb, rb, gb, ob = (col[i] for col in cols)
         s = sources.of_tensor(da, _T(ka, ra, ga, oa))
         if not s[0]:
             s = sources.of_tensor(db, _T(kb, rb, gb, ob))
-        cache[key] = s[0]
+        cache[keys[i]] = s[0]
     c["source"] = list(map(cache.__getitem__, keys))
 
 
