@@ -36,10 +36,11 @@ def _frames(rng, n_calls, typed):
     last_out = None
     for call in range(n_calls):
         it = call // 7
+        op_type = rng.choice(["mean", "add", "mul", "expand", "view", "clone"])     # the last three move values
         tensors = [("input", s) for s in range(rng.randint(1, 3))] + [("output", s) for s in range(rng.randint(1, 2))]
         for io, slot in tensors:
             base = {"rank": 0, "iteration": it, "graph": 0, "op": f"Default/f-op{call}", "op_file": f"f-op{call}",
-                    "op_type": rng.choice(["mean", "add", "mul"]), "kind": "op", "io": io, "slot": slot,
+                    "op_type": op_type, "kind": "op", "io": io, "slot": slot,
                     "call": 0, "order": len(rows_a), "shape": rng.choice(["(4)", "(2,3)", "()"])}
             sa = {k: _value(rng, pool) for k in ("max", "min", "avg", "l2norm")}
             sb = {k: (v + rng.choice([0.0, 1e-3, 0.5]) if isinstance(v, float) and math.isfinite(v) else v)
@@ -71,7 +72,8 @@ def _pairs(rng, fa, fb, one_sided):
     sp = StatPairs()
     sp.sides = [(fa, fb)]
     verdicts = [rng.choice(["diverged", "diverged", "nondeterministic", "pass", "warning", "skipped"]) for _ in range(n)]
-    c = {k: fa[k].tolist() for k in ("rank", "iteration", "graph", "op", "op_file", "call", "kind", "io", "slot")}
+    c = {k: fa[k].tolist() for k in ("rank", "iteration", "graph", "op", "op_file", "op_type", "call", "kind", "io",
+                                     "slot")}
     c.update({
         "verdict": verdicts, "reason": [rng.choice(["", "cosine 0.1 < 0.9"]) for _ in range(n)],
         "mode": ["" if v == "skipped" else "statistics" for v in verdicts],
@@ -109,7 +111,7 @@ def test_columns_give_the_records_verdicts_and_reasons(seed):
 
 def test_generated_pairs_reach_every_branch():
     """The generator is worth its cases: demotions of outputs and of consumed inputs happen."""
-    outs = ins = 0
+    outs = ins = moved = 0
     for seed in range(40):
         rng = random.Random(seed)
         fa, fb = _frames(rng, 60, typed=seed % 2 == 0)
@@ -117,7 +119,8 @@ def test_generated_pairs_reach_every_branch():
         demote_stat_columns(sp)
         outs += sum(r.startswith("max abs error its statistics show") for r in sp.cols["reason"])
         ins += sum(r.startswith("the values of ") for r in sp.cols["reason"])
-    assert outs > 20 and ins > 5, (outs, ins)
+        moved += sum("only moves values" in r for r in sp.cols["reason"])
+    assert outs > 20 and ins > 5 and moved > 3, (outs, ins, moved)
 
 
 def test_tensor_pairs_take_the_records_path(monkeypatch):

@@ -7,7 +7,8 @@ pair of those calls before judging them row by row: ~0.5 s of a 4.8 s statistics
 of MobileBERT (150,000 rows a side).  Here the bound of each call and the error of each
 output pair are computed over numpy columns; Python objects are made only for the
 fingerprints of the pairs that can carry a demotion (the outputs demoted, the candidate
-inputs of the same calls).
+inputs of the same calls), then the value-moving calls' outputs (``op_type`` column;
+:func:`.noise_floor.moves_values`) as :func:`.noise_floor.demote_noise` reads them.
 
 When: every pair that holds a candidate verdict and both sides is a statistics pair
 (``mode`` ``statistics``), and the pairs know their side frames and rows (``sp.sides``,
@@ -28,7 +29,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .noise_floor import CANDIDATE_VERDICTS, NO_DATA_VERDICTS, _eps, compared_dtypes, demote_columns, lowest_precision
+from .noise_floor import (CANDIDATE_VERDICTS, NO_DATA_VERDICTS, _eps, carried_reason, compared_dtypes, demote_columns,
+                          lowest_precision, moved_reason, moves_values)
 
 __all__ = ["demote_stat_columns"]
 
@@ -187,25 +189,57 @@ def demote_stat_columns(sp) -> None:
     if not demoted:
         return
     carried: Dict[tuple, Tuple[int, float]] = {}
+    bounds: Dict[int, float] = {}                       # pair demoted -> the bound it was judged by
     for j, fp in zip(demoted, _fingerprints(c, cells, [idx[j] for j in demoted])):
         i, e, bd = idx[j], float(err[j]), float(bound[j])
         was = reasons[i] or verdicts[i]
         verdicts[i] = "warning"
         reasons[i] = (f"max abs error its statistics show {e:.3g} is below the inputs' {low[1]} rounding "
                       f"(eps × max|input| = {bd:.3g}): rounding noise, not a divergence (was: {was})")
+        bounds[i] = bd
         carried.setdefault(fp, (i, bd))
-    heads = {fp[:5] for fp in carried}                  # an input can match only with these
     inputs = [idx[j] for j in np.flatnonzero(is_in & at_cand).tolist()]
-    inputs = [i for i in inputs if _head(c, i) in heads]
-    for i, fp in zip(inputs, _fingerprints(c, cells, inputs)):
+    _carry_inputs(c, cells, inputs, carried, bounds, low[1])
+    op_type = c.get("op_type")
+    moving = [m for m in calls.values() if moves_values(op_type[m[0]])] if op_type is not None else []
+    changed = bool(moving)
+    while changed:                                      # noise_floor._carry_through_moves
+        changed = False
+        for members in moving:
+            ins = [i for i in members if c["io"][i] == "input"]
+            if any(verdicts[i] in CANDIDATE_VERDICTS for i in ins):
+                continue
+            for i in members:
+                if c["io"][i] != "output" or verdicts[i] not in CANDIDATE_VERDICTS:
+                    continue
+                dt = (c["dtype_a"][i], c["dtype_b"][i])
+                src = next((j for j in ins if j in bounds and (c["dtype_a"][j], c["dtype_b"][j]) == dt), None)
+                if src is None:
+                    continue
+                bd = bounds[src]
+                reasons[i] = moved_reason(c["slot"][src], bd, low[1], reasons[i] or verdicts[i])
+                verdicts[i] = "warning"
+                bounds[i] = bd
+                carried.setdefault(_fingerprints(c, cells, [i])[0], (i, bd))
+                changed = True
+        if changed:
+            _carry_inputs(c, cells, inputs, carried, bounds, low[1])
+
+
+def _carry_inputs(c, cells: "_Cells", inputs: List[int], carried: Dict[tuple, Tuple[int, float]],
+                  bounds: Dict[int, float], name: str) -> None:
+    """The candidate ``inputs`` holding the values of an output in ``carried``: demoted."""
+    verdicts, reasons = c["verdict"], c["reason"]
+    heads = {fp[:5] for fp in carried}                  # an input can match only with these
+    todo = [i for i in inputs if verdicts[i] in CANDIDATE_VERDICTS and _head(c, i) in heads]
+    for i, fp in zip(todo, _fingerprints(c, cells, todo)):
         src = carried.get(fp)
         if src is None:
             continue
         o, bd = src
-        was = reasons[i] or verdicts[i]
+        reasons[i] = carried_reason(c["op"][o], c["slot"][o], bd, name, reasons[i] or verdicts[i])
         verdicts[i] = "warning"
-        reasons[i] = (f"the values of {c['op'][o]} output.{c['slot'][o]}, below its inputs' {low[1]} rounding "
-                      f"(eps × max|input| = {bd:.3g}): rounding noise, not a divergence (was: {was})")
+        bounds[i] = bd
 
 
 def _head(c, i: int) -> tuple:

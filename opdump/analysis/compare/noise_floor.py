@@ -27,7 +27,16 @@ The rule, per operator call of A (its rank, iteration, graph, file name and call
 * an input pair (of any later call of the same rank and iteration) with a ``diverged``
   verdict and exactly the values of an output demoted here (same shape, dtypes and metrics,
   or same statistics on both sides) is that same tensor, consumed: it is demoted too, its
-  reason naming the output.
+  reason naming the output;
+* an operator that only moves values (:data:`VALUE_MOVING`: the views -- ``view``,
+  ``expand``, ``t``, ``transpose``, ``permute``, ``slice``, ``select``… -- and ``clone``,
+  ``contiguous``, ``copy_``) cannot compute differently: a candidate output of such a call
+  whose inputs hold no candidate verdict and one of which was demoted here (same dtypes as
+  the output) is demoted with it, and carries to later inputs as a demoted output does
+  (a view of a view: until nothing changes).  Its own bound would be the noise values'
+  scale, far below their noise (hold-out trial 5: a backward ``expand`` of a bf16 Qwen2
+  was named the first divergence).  An input diverged beyond its bound keeps its call's
+  outputs diverged: the first divergence is then the producer, not the view.
 
 Guarantees: a compare whose pairs all hold the same dtypes, a call without a compared
 floating input, and any error above the bound are left as they are; only verdicts change
@@ -46,14 +55,22 @@ import math
 from functools import lru_cache
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from ..common import base_op_type
+from .kernels import VIEW_OPS
 from .pairs import Pair
 
-__all__ = ["eps_of", "lowest_precision", "compared_dtypes", "demote_noise", "demote_columns", "CANDIDATE_VERDICTS"]
+__all__ = ["VALUE_MOVING", "moves_values", "eps_of", "lowest_precision", "compared_dtypes", "demote_noise", "demote_columns", "CANDIDATE_VERDICTS"]
 
 #: the verdicts the rule may demote
 CANDIDATE_VERDICTS = frozenset(("diverged", "nondeterministic"))
 NO_DATA_VERDICTS = frozenset(("skipped", "unreadable", "unmatched"))
 _STATS = ("max", "min", "avg", "l2norm")
+#: operators that only move their input's values (the views inductor makes of a buffer,
+#: :data:`.kernels.VIEW_OPS`, and the copies that keep the dtype): their outputs cannot
+#: compute differently from their inputs (module doc)
+VALUE_MOVING = VIEW_OPS | frozenset(("clone", "contiguous", "copy", "copy_", "detach_", "alias_copy",
+                                     "view_copy", "expand_copy", "permute_copy", "t_copy", "transpose_copy"))
+_base_type = lru_cache(maxsize=4096)(base_op_type)
 
 
 def eps_of(dtype: Any) -> Optional[Tuple[float, str]]:
@@ -197,6 +214,7 @@ def demote_noise(pairs: Sequence[Pair], low: Optional[Tuple[float, str]] = None)
     done: List[int] = []
     carried: Dict[tuple, Tuple[Pair, float, str]] = {}   # (rank, iteration, fingerprint) -> output
     pending_inputs: List[int] = []
+    bounds: Dict[int, Tuple[float, str]] = {}            # position demoted -> (bound, precision) it was judged by
     for key, members in calls.items():
         group = [pairs[i] for i in members]
         if not any(p.verdict in CANDIDATE_VERDICTS for p in group):
@@ -221,6 +239,7 @@ def demote_noise(pairs: Sequence[Pair], low: Optional[Tuple[float, str]] = None)
             p.reason = (f"{what} {err:.3g} is below the inputs' {low[1]} rounding "
                         f"(eps × max|input| = {bound:.3g}): rounding noise, not a divergence (was: {was})")
             done.append(i)
+            bounds[i] = (bound, low[1])
             carried.setdefault((p.a.rank, p.a.iteration, _fingerprint(p)), (p, bound, low[1]))
     if carried:
         for i in pending_inputs:
@@ -231,12 +250,71 @@ def demote_noise(pairs: Sequence[Pair], low: Optional[Tuple[float, str]] = None)
             if src is None:
                 continue
             o, bound, name = src
-            was = p.reason or p.verdict
-            p.verdict = "warning"
-            p.reason = (f"the values of {o.a.op} output.{o.a.slot}, below its inputs' {name} rounding "
-                        f"(eps × max|input| = {bound:.3g}): rounding noise, not a divergence (was: {was})")
+            p.verdict, p.reason = "warning", carried_reason(o.a.op, o.a.slot, bound, name, p.reason or p.verdict)
             done.append(i)
+            bounds[i] = (bound, name)
+    _carry_through_moves(pairs, calls, pending_inputs, carried, bounds, done)
     return sorted(done)
+
+
+def moves_values(op_type: Any) -> bool:
+    """Whether an operator only moves its input's values (:data:`VALUE_MOVING`)."""
+    return _base_type(op_type) in VALUE_MOVING
+
+
+def moved_reason(slot: Any, bound: float, name: str, was: Any) -> str:
+    """The reason of a value-moving operator's output demoted with its input (module doc)."""
+    return (f"the values of its input.{slot}, moved (this operator only moves values), below the {name} "
+            f"rounding of their producer's inputs (eps × max|input| = {bound:.3g}): rounding noise, not a "
+            f"divergence (was: {was})")
+
+
+def _carry_through_moves(pairs: Sequence[Pair], calls: Dict[tuple, List[int]], pending_inputs: List[int],
+                         carried: Dict[tuple, Tuple[Pair, float, str]], bounds: Dict[int, Tuple[float, str]],
+                         done: List[int]) -> None:
+    """The module doc's last rule: a value-moving call's candidate outputs take the verdict of
+    its demoted input, and what they carry reaches the inputs of later calls, until nothing
+    changes (a chain of views: view -> expand -> t)."""
+    moving = [m for m in calls.values() if moves_values(pairs[m[0]].a.op_type)]
+    changed = bool(moving) and bool(bounds)
+    while changed:
+        changed = False
+        for members in moving:
+            ins = [i for i in members if pairs[i].a.io == "input"]
+            if any(pairs[i].verdict in CANDIDATE_VERDICTS for i in ins):
+                continue                            # an input diverged beyond its bound: not noise
+            for i in members:
+                p = pairs[i]
+                if p.a.io != "output" or p.verdict not in CANDIDATE_VERDICTS:
+                    continue
+                src = next((j for j in ins if j in bounds and _dtypes(pairs[j]) == _dtypes(p)), None)
+                if src is None:
+                    continue
+                bound, name = bounds[src]
+                p.reason = moved_reason(pairs[src].a.slot, bound, name, p.reason or p.verdict)
+                p.verdict = "warning"
+                bounds[i] = (bound, name)
+                done.append(i)
+                carried.setdefault((p.a.rank, p.a.iteration, _fingerprint(p)), (p, bound, name))
+                changed = True
+        if changed:
+            for i in pending_inputs:
+                p = pairs[i]
+                if p.verdict not in CANDIDATE_VERDICTS:
+                    continue
+                src = carried.get((p.a.rank, p.a.iteration, _fingerprint(p)))
+                if src is not None:
+                    o, bound, name = src
+                    p.verdict, p.reason = "warning", carried_reason(o.a.op, o.a.slot, bound, name,
+                                                                      p.reason or p.verdict)
+                    bounds[i] = (bound, name)
+                    done.append(i)
+
+
+def carried_reason(op: Any, slot: Any, bound: float, name: str, was: Any) -> str:
+    """The reason of an input demoted as the values of an output demoted earlier."""
+    return (f"the values of {op} output.{slot}, below its inputs' {name} rounding "
+            f"(eps × max|input| = {bound:.3g}): rounding noise, not a divergence (was: {was})")
 
 
 def demote_columns(verdicts: List[Any], reasons: List[Any], same: Sequence[Any], call_keys: Callable[[], List[tuple]],
