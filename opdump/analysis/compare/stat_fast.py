@@ -139,7 +139,7 @@ def _pair_rank(sa, sb, it_a, it_b, it_pairs):
     dca, dcb = _dclass(sa), _dclass(sb)
     if list(map(dca.__getitem__, ai_l)) != list(map(dcb.__getitem__, bi_l)):     # str cells: == is the rule
         return None
-    for s in (sa, sb):
+    for s in ((sa,) if b_mirrors_a(len(sa), len(sb), ai, bi, it_pairs) else (sa, sb)):
         if s.duplicated(["iteration", *_KEY]).any():
             return None
     rules = np.full(len(ai), RULE_NAME, dtype=object)
@@ -147,6 +147,20 @@ def _pair_rank(sa, sb, it_a, it_b, it_pairs):
     if not _tie_breaks(sa, sb, blocks, ai, bi, rules, dca):
         return None
     return ai, bi, rules
+
+
+def b_mirrors_a(n_a: int, n_b: int, ai: np.ndarray, bi: np.ndarray, it_pairs) -> bool:
+    """Whether B's (iteration, graph, file name, io, slot, call) repeat exactly where A's do,
+    once :func:`_pair_rank` has found A's rows ``ai`` and B's rows ``bi`` equal in every key
+    column but the iteration (cell by cell): every row of each side paired (``ai``, ``bi``
+    cover all ``n_a``, ``n_b`` rows) and the iteration pairs one to one (no iteration of
+    either side in two pairs), so that two B rows share a key exactly when their A rows do.
+    Then B's duplicate check (pandas' ``duplicated``, ~25-45 ms on 100,000 rows) answers
+    what A's does and is left out."""
+    if len(ai) != n_a or len(bi) != n_b:
+        return False
+    its_a, its_b = [p[0] for p in it_pairs], [p[1] for p in it_pairs]
+    return len(set(its_a)) == len(its_a) and len(set(its_b)) == len(its_b)
 
 
 def _dclass(rec) -> List[str]:
