@@ -145,6 +145,8 @@ class Session:
         self._dumped_iterations = IterationSet()     # ranges, O(1) per iteration (manifest.json)
         self._iteration_end_hooks: List[Callable[[int], None]] = []
         self._close_hooks: List[Callable[[], None]] = []
+        if self.exception_dump is not None:         # a run in which nothing raised still writes its metadata
+            self.exception_dump.attach()
         self._hook_handle = None
         self._atexit_hook: Optional[Callable[[], None]] = None
         self._closed = False
@@ -469,6 +471,7 @@ class Session:
             "rows_written": tree.rows_written,
             "errors": [str(e)[:300] for e in errors[:5]], "error_count": len(errors),
             **sample_fields(self.config),
+            **({"exceptions": self.exception_dump.dumped} if self.exception_dump is not None else {}),
         }
         try:
             manifest.write(doc)

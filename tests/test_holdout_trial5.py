@@ -120,8 +120,6 @@ def test_bf16_statistics_compare_does_not_blame_an_expand(tmp_path):
     assert first is None or first["op_type"] not in ("expand", "view", "t", "transpose", "permute"), first
 
 
-@pytest.mark.xfail(strict=True, reason="opdump/session.py: an exception dump (op_debug_mode 4) in which nothing "
-                   "raised writes no metadata, so opdump ls reports 'no manifest' and 'nothing to analyse' (exit 2)")
 def test_healthy_exception_dump_is_a_clean_result(tmp_path):
     cfg, dump = _config(tmp_path, "exc", {"op_debug_mode": 4})
     torch.manual_seed(0)

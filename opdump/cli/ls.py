@@ -1,6 +1,7 @@
 """``opdump ls``: a dump's summary per rank/graph/iteration, its operators, tensor files or
 statistics rows, and the debug modes' findings (exception records, watcher changes).
-Exit code 0, 2 on error (an empty dump: nothing to analyse)."""
+Exit code 0, 2 on error (an empty dump: nothing to analyse; an exception dump in which no
+operator raised is a result: "no operator raised", exit 0)."""
 from __future__ import annotations
 
 from opdump.analysis.whole_files import replace_whole
@@ -43,6 +44,7 @@ def cmd_ls(args) -> int:
         return _err(str(e))
     rec = _select(d.records(), args, its)
     print(f"dump: {d.path}")
+    clean_exception_dumps = 0               # ranks whose exception dump recorded no exception
     for rid in d.rank_ids:
         r = d.ranks[rid]
         cfg = r.config or {}
@@ -58,9 +60,14 @@ def cmd_ls(args) -> int:
             state += describe_manifest(r.manifest, str(r.path))
         print(f"rank {rid}: {who or 'no config.json'}; {field}={saved or '?'}; {state}; "
               f"graphs {sorted(r.graphs)}")
-        from opdump.debug.exception_records import describe as describe_exception, exception_records
-        for record in exception_records(str(r.path)):             # op_debug_mode 4
+        from opdump.debug.exception_records import clean_line, describe as describe_exception, \
+            exception_records, is_exception_dump
+        records = exception_records(str(r.path))                  # op_debug_mode 4
+        for record in records:
             print(f"  {describe_exception(record)}")
+        if not records and is_exception_dump(r.manifest, r.data_dump):
+            print(f"  {clean_line(r.complete)}")
+            clean_exception_dumps += 1
     if not (args.ops or args.tensors or args.stats):
         from opdump.analysis.watcher_report import ls_lines      # watcher mode's findings, one line per iteration
         for line in ls_lines(args.path):
@@ -93,6 +100,8 @@ def cmd_ls(args) -> int:
             _pd_print(df[cols], args.limit)
         return 0
     if rec.empty:
+        if d.records().empty and d.ops().empty and clean_exception_dumps:
+            return 0                                # a clean exception dump: said above, per rank
         if d.records().empty and d.ops().empty:      # not a narrow selection: an empty dump
             from opdump.analysis.common import nothing_to_analyse
             return _err(nothing_to_analyse(d, "operators, tensor files or statistics rows"))

@@ -69,3 +69,24 @@ def describe(rec: Dict) -> str:
     return (f"exception: iteration {rec.get('iteration')}, graph {rec.get('graph')}: {rec.get('op')} raised "
             f"{rec.get('exception_type')}: {message}{where}; repro: "
             f"{os.path.join(rec['folder'], str(rec.get('repro')))}")
+
+
+def is_exception_dump(manifest: Dict, data_dump: Dict) -> bool:
+    """Whether a rank folder holds an exception dump (``op_debug_mode`` 4): its manifest's
+    ``exceptions`` count, else its copied config's ``op_debug_mode``."""
+    if isinstance(manifest, dict) and "exceptions" in manifest:
+        return True
+    common = data_dump.get("common_dump_settings") if isinstance(data_dump, dict) else None
+    try:
+        return isinstance(common, dict) and int(common.get("op_debug_mode", 0)) == 4
+    except (TypeError, ValueError):
+        return False
+
+
+def clean_line(complete) -> str:
+    """``opdump ls``'s line for an exception dump that recorded no exception: a clean run, or
+    one still running / killed before its end (``complete`` False) -- not a dump that never
+    started (that folder holds no manifest)."""
+    if complete is False:
+        return "exception dump (op_debug_mode 4): no operator raised so far (the run did not finish)"
+    return "exception dump (op_debug_mode 4): no operator raised"

@@ -1,0 +1,93 @@
+"""An exception dump (``op_debug_mode`` 4) in which no operator raised is a result, not an
+empty folder (README "Debug dumps"; opdump/debug/exception.py ``ExceptionDump.attach``):
+the run's metadata and a manifest saying it finished with ``exceptions`` 0, and ``opdump ls``
+says "no operator raised" (exit 0).  A run killed after a step says so ("did not finish");
+a folder without a manifest is still a dump that never started (exit 2).  (Hold-out trial
+5: a healthy run left an empty ``rank_0`` and ``opdump ls`` exited 2, "nothing to analyse".)"""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import torch
+import torch.nn as nn
+
+import opdump
+from opdump.capture.eager import EagerCapture
+from conftest import write_config
+
+OPDUMP = [sys.executable, "-m", "opdump"]
+
+
+def _manifest(dump):
+    with open(os.path.join(dump, "rank_0", ".dump_metadata", "manifest.json")) as f:
+        return json.load(f)
+
+
+def _ls(dump):
+    return subprocess.run(OPDUMP + ["ls", dump], capture_output=True, text=True, timeout=120)
+
+
+def _train(cfg, bad_step=None):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 2))
+    with opdump.Session(cfg) as s, EagerCapture(s):
+        for step in range(2):
+            ids = torch.randint(0, 10, (2, 3)) if step != bad_step else torch.full((2, 3), 12)
+            try:
+                model(ids).sum().backward()
+            except IndexError:
+                pass
+            s.step()
+
+
+def test_a_healthy_exception_dump_says_no_operator_raised(tmp_path):
+    cfg = write_config(tmp_path, common={"op_debug_mode": 4})
+    _train(cfg)
+    dump = str(tmp_path / "dump")
+    meta = os.path.join(dump, "rank_0", ".dump_metadata")
+    assert {"config.json", "data_dump.json", "manifest.json"} <= set(os.listdir(meta))
+    m = _manifest(dump)
+    assert m["complete"] is True and m["exceptions"] == 0 and m["error_count"] == 0, m
+    out = _ls(dump)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "no operator raised" in out.stdout and "did not finish" not in out.stdout, out.stdout
+    assert "no manifest" not in out.stdout and "nothing to analyse" not in out.stderr
+
+
+def test_an_exception_is_counted_and_listed_not_called_clean(tmp_path):
+    cfg = write_config(tmp_path, common={"op_debug_mode": 4})
+    _train(cfg, bad_step=1)
+    dump = str(tmp_path / "dump")
+    assert _manifest(dump)["exceptions"] == 1
+    out = _ls(dump)
+    assert out.returncode == 0 and "raised IndexError" in out.stdout, out.stdout + out.stderr
+    assert "no operator raised" not in out.stdout
+
+
+def test_a_run_killed_after_a_step_did_not_finish(tmp_path):
+    cfg = write_config(tmp_path, common={"op_debug_mode": 4})
+    script = tmp_path / "killed.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, torch, torch.nn as nn, opdump
+        from opdump.capture.eager import EagerCapture
+        model = nn.Linear(4, 2)
+        s = opdump.Session({str(cfg)!r})
+        with s, EagerCapture(s):
+            model(torch.randn(3, 4)).sum().backward()
+            s.step()
+            os._exit(0)                     # killed: no close
+    """))
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    dump = str(tmp_path / "dump")
+    assert _manifest(dump)["complete"] is False
+    out = _ls(dump)
+    assert "no operator raised so far (the run did not finish)" in out.stdout, out.stdout + out.stderr
+
+
+def test_a_dump_that_never_started_is_still_nothing_to_analyse(tmp_path):
+    os.makedirs(tmp_path / "dump" / "rank_0")
+    out = _ls(str(tmp_path / "dump"))
+    assert out.returncode == 2 and "no manifest" in out.stdout, out.stdout + out.stderr
