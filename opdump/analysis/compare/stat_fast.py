@@ -110,7 +110,8 @@ def statistics_compare(da, db, rank_pairs, iterations, io, include_parameters, t
 def _pair_rank(sa, sb, it_a, it_b, it_pairs):
     """(A rows, B rows, rules) of one rank pair in the matchers' pairing, or None (module doc)."""
     pos_a, pos_b = _positions(it_a), _positions(it_b)
-    ai, bi, blocks = [], [], []
+    ai, bi = [], []
+    runs: List[Tuple[int, int]] = []                # (start, end) of each iteration pair's rows, none empty
     for ia, ib in it_pairs:
         pa = pos_a.get(ia, np.empty(0, np.int64))
         pb = pos_b.get(ib, np.empty(0, np.int64))
@@ -118,12 +119,13 @@ def _pair_rank(sa, sb, it_a, it_b, it_pairs):
             return None
         ai.append(pa)
         bi.append(pb)
-        blocks.append(np.full(len(pa), len(blocks), np.int64))
+        if len(pa):
+            start = runs[-1][1] if runs else 0
+            runs.append((start, start + len(pa)))
     ai = np.concatenate(ai) if ai else np.empty(0, np.int64)
     bi = np.concatenate(bi) if bi else np.empty(0, np.int64)
     if len(ai) == 0:
         return None
-    blocks = np.concatenate(blocks).tolist()
     for c in _SAME:
         x, y = sa[c].to_numpy(dtype=object)[ai], sb[c].to_numpy(dtype=object)[bi]
         if not bool(np.all(x == y)):
@@ -144,7 +146,7 @@ def _pair_rank(sa, sb, it_a, it_b, it_pairs):
             return None
     rules = np.full(len(ai), RULE_NAME, dtype=object)
     bi = bi.copy()
-    if not _tie_breaks(sa, sb, blocks, ai, bi, rules, dca):
+    if not _tie_breaks(sa, sb, runs, ai, bi, rules, dca):
         return None
     return ai, bi, rules
 
@@ -169,12 +171,12 @@ def _dclass(rec) -> List[str]:
     return per_distinct(lambda d: dtype_class(d if isinstance(d, str) and d else None), rec["dtype"].tolist())
 
 
-def _tie_breaks(sa, sb, blocks, ai, bi, rules, dclass) -> bool:
+def _tie_breaks(sa, sb, runs, ai, bi, rules, dclass) -> bool:
     """Reproduce :func:`.match._tie_break` on the position-by-position pairing (module doc):
     ``bi`` and ``rules`` are changed in place where it re-pairs calls.  False: a re-paired
     call does not pair tensor by tensor; the per-row stages must decide.
 
-    Done iteration pair by iteration pair (``blocks`` runs of equal ids): which calls tie
+    Done iteration pair by iteration pair (``runs``: their rows, start to end): which calls tie
     depends only on the block's rows (kind, names, types, io, slot, call, shape, dtype
     class), so blocks with the same rows share it (:func:`_tie_groups`, computed once);
     only the fingerprints (statistics values, as codes: :func:`_fingerprint_codes`) are
@@ -194,7 +196,7 @@ def _tie_breaks(sa, sb, blocks, ai, bi, rules, dclass) -> bool:
     memo: Dict[tuple, int] = {}                     # a block's rows -> its place in kinds
     kinds: List[List[tuple]] = []                   # (tie groups with their getters) of each kind of block
     tied: List[Tuple[int, int, int]] = []           # (start, end, kind) of the blocks holding tie groups
-    for s0, e0 in _runs(blocks):
+    for s0, e0 in runs:
         rows = ai[s0:e0]
         block = [arr_a[c][rows].tolist() for c in cols] + [dclass_a[rows].tolist()]
         try:
@@ -272,16 +274,6 @@ def _cross_matches(tied, kinds, ai, bi, code_a, code_b) -> List[np.ndarray]:
         for row, i in enumerate(idx):
             out[i] = flags[row]
     return out
-
-
-def _runs(blocks: List[int]) -> List[Tuple[int, int]]:
-    """(start, end) of each run of equal ids in ``blocks``."""
-    b = np.asarray(blocks)
-    if not len(b):
-        return []
-    cut = (np.flatnonzero(b[1:] != b[:-1]) + 1).tolist()
-    starts = [0] + cut
-    return list(zip(starts, cut + [len(b)]))
 
 
 def _tie_groups(kind, graphs, files, calls, ops, types, iob, slots, shapes, dclass) -> List[List[tuple]]:
