@@ -138,6 +138,7 @@ class _Folder:
         self.diverged: List[Dict[str, Any]] = []
         self.saved: List[str] = []
         self.errors: List[str] = []
+        self.carried: Dict[tuple, Any] = {}     # outputs demoted as precision noise, for later batches' inputs
 
 
 class OnlineCompare:
@@ -254,7 +255,7 @@ class OnlineCompare:
                 used.add(id(p.b))
             self._judge_pair(folder, p)
         pairs.sort(key=Pair.sort_key)
-        demote_noise(pairs)                 # precision noise is no divergence, online as offline
+        demote_noise(pairs, carry=st.carried)   # precision noise is no divergence, online as offline
         diverging = {p.a.call_key for p in pairs if p.verdict == "diverged"}
         for p in pairs:
             st.verdicts[p.verdict or "unmatched"] += 1

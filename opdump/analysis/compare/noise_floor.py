@@ -193,11 +193,14 @@ def lowest_precision(dtype_pairs: Iterable[Tuple[Any, Any]]) -> Optional[Tuple[f
     return low
 
 
-def demote_noise(pairs: Sequence[Pair], low: Optional[Tuple[float, str]] = None) -> List[int]:
+def demote_noise(pairs: Sequence[Pair], low: Optional[Tuple[float, str]] = None,
+                 carry: Optional[Dict[tuple, Tuple[Pair, float, str]]] = None) -> List[int]:
     """Apply the rule (module doc) to ``pairs`` in place; the positions of the pairs demoted.
     ``pairs`` in any order; a call's pairs and the outputs its inputs carry must all be there.
     ``low``: the compare's lowest precision (:func:`lowest_precision`) when ``pairs`` are not
-    all its pairs; by default found among ``pairs``."""
+    all its pairs; by default found among ``pairs``.  ``carry``: the outputs demoted by earlier
+    calls on other pairs of the same iterations (the online compare judges an iteration in
+    batches), read and extended here; by default none."""
     if low is None:
         low = lowest_precision(_dtypes(p) for p in pairs if _compared(p))
     if low is None:                                 # not a precision compare
@@ -212,7 +215,7 @@ def demote_noise(pairs: Sequence[Pair], low: Optional[Tuple[float, str]] = None)
             if key in want and _compared(p):
                 calls.setdefault(key, []).append(i)
     done: List[int] = []
-    carried: Dict[tuple, Tuple[Pair, float, str]] = {}   # (rank, iteration, fingerprint) -> output
+    carried = carry if carry is not None else {}    # (rank, iteration, fingerprint) -> (output, bound, name)
     pending_inputs: List[int] = []
     bounds: Dict[int, Tuple[float, str]] = {}            # position demoted -> (bound, precision) it was judged by
     for key, members in calls.items():
