@@ -34,8 +34,11 @@ def gapped(dtype):
     else:
         base = torch.randint(-100 if dtype not in (torch.uint8, torch.uint16, torch.uint32) else 0, 100,
                              (6, 5, 40), generator=g).to(dtype)
-    return [base[..., 3:17], base[:, ::2, 1::3], base.transpose(0, 2)[::3], base[2:3, :, 5:6],
-            base[0, 0, :1].expand(9, 4), base[:, 1:2, :].expand(6, 3, 40), base[..., 7]]
+    # rows of 1..32 elements (every fixed row size the gather copies with vector moves, 8..128
+    # bytes, for each element size), strided rows, broadcast and size-1 dimensions
+    return [base[..., 1:1 + w] for w in (1, 2, 4, 8, 16, 32)] + [
+        base[..., 3:17], base[:, ::2, 1::3], base.transpose(0, 2)[::3], base[2:3, :, 5:6],
+        base[0, 0, :1].expand(9, 4), base[:, 1:2, :].expand(6, 3, 40), base[..., 7]]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.bool, torch.uint8,

@@ -82,6 +82,13 @@ constexpr int64_t kNoGilBytes = 256 * 1024;   // as cpu_kernel.cpp: a larger gat
 #else
 #define OPDUMP_INLINE_COPY
 #endif
+// rows of B bytes (a constant: one or two vector moves each) `stride` elements apart
+template <size_t B, typename E>
+void rows_fixed(const E* src, int64_t rows, int64_t stride, E* out) {
+  char* o = reinterpret_cast<char*>(out);
+  for (int64_t r = 0; r < rows; ++r, src += stride, o += B) __builtin_memcpy(o, src, B);
+}
+
 template <typename E>
 OPDUMP_INLINE_COPY void gather_typed(const E* src, const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides, E* out) {
   const size_t d = sizes.size();
@@ -90,6 +97,16 @@ OPDUMP_INLINE_COPY void gather_typed(const E* src, const std::vector<int64_t>& s
     return;
   }
   const int64_t inner = sizes[d - 1], step = strides[d - 1];
+  if (d == 2 && step == 1) {      // the common case once merged: short contiguous rows (a rotary half)
+    switch (inner * static_cast<int64_t>(sizeof(E))) {
+      case 8: return rows_fixed<8>(src, sizes[0], strides[0], out);
+      case 16: return rows_fixed<16>(src, sizes[0], strides[0], out);
+      case 32: return rows_fixed<32>(src, sizes[0], strides[0], out);
+      case 64: return rows_fixed<64>(src, sizes[0], strides[0], out);
+      case 128: return rows_fixed<128>(src, sizes[0], strides[0], out);
+      default: break;
+    }
+  }
   std::vector<int64_t> idx(d - 1, 0);
   int64_t off = 0;
   for (;;) {
