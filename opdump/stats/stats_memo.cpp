@@ -26,14 +26,18 @@
 //   (alive, same memory, same version) gets those values back as a new entry of the current
 //   batch, exactly what reading it again would give, without the read; `enter` with another
 //   tag drops them; lookups between `carry` and `enter` do not use them;
-// * a tensor with gaps of at most 32 MiB is copied to contiguous memory (without
-//   autograd, below Python dispatch modes) and read in one pass;
-// * the GIL is released while copying and while reading more than 256 KiB (cpu_kernel.cpp); the
+// * a tensor with gaps of at most 32 MiB is gathered, in row-major order (the order
+//   `t.contiguous()` gives, so the sums are those of the contiguous copy bit for bit), into a
+//   buffer of the calling thread and read in one pass: no torch call, so no dispatcher and no
+//   RecordFunction callback runs for it (the copy through torch cost ~6 us a tensor, a third
+//   of the kernel's time on a Llama decoder's rotary halves);
+// * the GIL is released while gathering and while reading more than 256 KiB (cpu_kernel.cpp); the
 //   map is only touched with it held.
 #include "stats_memo.h"
 
 #include "contract.h"
 
+#include <cstring>
 #include <functional>
 
 pybind11::object fused_stats(const at::Tensor& x);   // cpu_kernel.cpp
@@ -59,8 +63,102 @@ bool handled(const at::Tensor& t) {
   }
 }
 
+// the version counter read from the TensorImpl (Tensor::_version() goes through the autograd
+// hooks' virtual call); -1 for a tensor with none (inference tensors: never reused)
 int64_t version_of(const at::Tensor& t) {
-  return t.is_inference() ? -1 : t._version();
+  const c10::VariableVersion& v = t.unsafeGetTensorImpl()->version_counter();
+  return v.enabled() ? static_cast<int64_t>(v.current_version()) : -1;
+}
+
+constexpr int64_t kNoGilBytes = 256 * 1024;   // as cpu_kernel.cpp: a larger gather lets other threads run
+
+// the elements of `t` (not dense) in row-major order into `out` (numel * element_size bytes):
+// size-1 dimensions dropped, neighbours that are contiguous with each other merged, then the
+// innermost dimension copied for each position of the outer ones.  Its element loop is kept a
+// loop (GCC would make it a memcpy call: ~5 ns each, most of the time for the short rows a
+// rotary half has)
+#if defined(__GNUC__) && !defined(__clang__)
+#define OPDUMP_INLINE_COPY __attribute__((optimize("no-tree-loop-distribute-patterns")))
+#else
+#define OPDUMP_INLINE_COPY
+#endif
+// rows of B bytes (a constant: one or two vector moves each) `stride` elements apart
+template <size_t B, typename E>
+void rows_fixed(const E* src, int64_t rows, int64_t stride, E* out) {
+  char* o = reinterpret_cast<char*>(out);
+  for (int64_t r = 0; r < rows; ++r, src += stride, o += B) __builtin_memcpy(o, src, B);
+}
+
+template <typename E>
+OPDUMP_INLINE_COPY void gather_typed(const E* src, const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides, E* out) {
+  const size_t d = sizes.size();
+  if (d == 0) {
+    *out = *src;
+    return;
+  }
+  const int64_t inner = sizes[d - 1], step = strides[d - 1];
+  if (d == 2 && step == 1) {      // the common case once merged: short contiguous rows (a rotary half)
+    switch (inner * static_cast<int64_t>(sizeof(E))) {
+      case 8: return rows_fixed<8>(src, sizes[0], strides[0], out);
+      case 16: return rows_fixed<16>(src, sizes[0], strides[0], out);
+      case 32: return rows_fixed<32>(src, sizes[0], strides[0], out);
+      case 64: return rows_fixed<64>(src, sizes[0], strides[0], out);
+      case 128: return rows_fixed<128>(src, sizes[0], strides[0], out);
+      default: break;
+    }
+  }
+  std::vector<int64_t> idx(d - 1, 0);
+  int64_t off = 0;
+  for (;;) {
+    const E* p = src + off;
+    if (step == 1 && inner * static_cast<int64_t>(sizeof(E)) >= 256) {
+      std::memcpy(out, p, static_cast<size_t>(inner) * sizeof(E));
+    } else if (step == 1) {
+      for (int64_t i = 0; i < inner; ++i) out[i] = p[i];
+    } else {
+      for (int64_t i = 0; i < inner; ++i) out[i] = p[i * step];
+    }
+    out += inner;
+    int64_t k = static_cast<int64_t>(d) - 2;
+    for (; k >= 0; --k) {
+      if (++idx[k] < sizes[k]) {
+        off += strides[k];
+        break;
+      }
+      off -= strides[k] * (sizes[k] - 1);
+      idx[k] = 0;
+    }
+    if (k < 0) return;
+  }
+}
+
+void gather(const at::Tensor& t, char* out) {
+  std::vector<int64_t> sizes, strides;
+  for (int64_t i = 0; i < t.dim(); ++i) {
+    if (t.size(i) == 1) continue;
+    if (!sizes.empty() && strides.back() == t.size(i) * t.stride(i)) {
+      sizes.back() *= t.size(i);
+      strides.back() = t.stride(i);
+    } else {
+      sizes.push_back(t.size(i));
+      strides.push_back(t.stride(i));
+    }
+  }
+  const void* src = t.const_data_ptr();
+  switch (t.element_size()) {
+    case 1: gather_typed(static_cast<const uint8_t*>(src), sizes, strides, reinterpret_cast<uint8_t*>(out)); break;
+    case 2: gather_typed(static_cast<const uint16_t*>(src), sizes, strides, reinterpret_cast<uint16_t*>(out)); break;
+    case 4: gather_typed(static_cast<const uint32_t*>(src), sizes, strides, reinterpret_cast<uint32_t*>(out)); break;
+    default: gather_typed(static_cast<const uint64_t*>(src), sizes, strides, reinterpret_cast<uint64_t*>(out)); break;
+  }
+}
+
+// the thread's gather buffer (the GIL may be released while it is filled and read: per thread),
+// kept for the small tensors a step reads again and again; a larger one gets its own for the read
+constexpr int64_t kKeptBuffer = 1 << 20;
+std::vector<char>& gather_buffer() {
+  thread_local std::vector<char> buffer;
+  return buffer;
 }
 
 MemoKey key_of(const at::Tensor& t, bool dense) {
@@ -108,24 +206,39 @@ pybind11::object StatsMemo::stats(const at::Tensor& t, int64_t index) {
   if (dense) {
     fused = host_ ? host_stats(t) : fused_stats(t);
   } else {
-    at::Tensor copy;
-    {
+    const int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
+    std::vector<char> own;
+    std::vector<char>& buffer = bytes <= kKeptBuffer ? gather_buffer() : own;
+    if (buffer.size() < static_cast<size_t>(bytes)) buffer.resize(static_cast<size_t>(bytes));
+    if (bytes > kNoGilBytes) {
       pybind11::gil_scoped_release no_gil;
-      at::NoGradGuard no_grad;
-      c10::impl::ExcludeDispatchKeyGuard no_python(
-          c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
-      copy = t.contiguous();
+      gather(t, buffer.data());
+    } else {
+      gather(t, buffer.data());
     }
+    // a tensor over the buffer (no dispatcher call): the kernel reads it as the contiguous copy
+    at::Tensor copy = at::from_blob(buffer.data(), {t.numel()},
+                                    at::TensorOptions().dtype(t.scalar_type()).device(at::kCPU));
     fused = host_ ? host_stats(copy) : fused_stats(copy);
   }
   if (fused.is_none()) return fused;
   ++reads_;
   using namespace opdump::contract;
-  auto parts = fused.cast<pybind11::tuple>();
-  pybind11::tuple value(static_cast<size_t>(kFusedFields));
-  for (size_t f = kFieldMax; f < static_cast<size_t>(kFieldNumel); ++f) value[f] = parts[f];
-  value[static_cast<size_t>(kFieldNumel)] = pybind11::int_(t.numel());
-  PyObject_GC_UnTrack(value.ptr());     // numbers only: no cycle (one tuple per tensor read, ~350 a step)
+  // (max, min, sum, sum of squares) and the count, as one tuple made with the C API
+  PyObject* parts = fused.ptr();
+  if (!PyTuple_Check(parts) || PyTuple_GET_SIZE(parts) < kFieldNumel) throw std::logic_error("the kernel's tuple");
+  PyObject* raw = PyTuple_New(static_cast<Py_ssize_t>(kFusedFields));
+  if (raw == nullptr) throw pybind11::error_already_set();
+  pybind11::object value = pybind11::reinterpret_steal<pybind11::object>(raw);
+  for (Py_ssize_t f = kFieldMax; f < kFieldNumel; ++f) {
+    PyObject* item = PyTuple_GET_ITEM(parts, f);
+    Py_INCREF(item);
+    PyTuple_SET_ITEM(raw, f, item);
+  }
+  PyObject* numel = PyLong_FromLongLong(t.numel());
+  if (numel == nullptr) throw pybind11::error_already_set();
+  PyTuple_SET_ITEM(raw, kFieldNumel, numel);
+  PyObject_GC_UnTrack(raw);     // numbers only: no cycle (one tuple per tensor read, ~350 a step)
   map_.insert_or_assign(std::move(key),
                         MemoEntry{c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()), version, index});
   return value;

@@ -70,7 +70,7 @@ bool bound() {
 // the rows of one operator side (GIL held; `side` 0: inputs, 1: outputs)
 void record(Ctx* c, int side, const py::object& io, const std::vector<c10::optional<at::Tensor>>& tensors) {
   if (tensors.empty()) return;
-  bool native = true, dense = true;
+  bool native = true;
   for (const auto& t : tensors) {
     if (!t) continue;
     if (!t->defined() || t->layout() != at::kStrided || !t->device().is_cpu() ||
@@ -78,7 +78,6 @@ void record(Ctx* c, int side, const py::object& io, const std::vector<c10::optio
       native = false;
       break;
     }
-    dense = dense && t->is_non_overlapping_and_dense();
   }
   if (!native) {       // the Python recorder (it appends to the same batch; its torch calls are its own)
     at::RecordFunctionGuard off(false);
@@ -87,11 +86,8 @@ void record(Ctx* c, int side, const py::object& io, const std::vector<c10::optio
     g->ts = g->slow_cb(c->ov->op_type, c->name, io, items, g->ts).cast<int64_t>();
     return;
   }
-  // the memo runs a torch call (a contiguous copy) only for a tensor that is not dense: that call
-  // is opdump's own (no callback sees it); otherwise no guard (each one rebuilds the thread's
-  // callback lists, twice)
-  c10::optional<at::RecordFunctionGuard> off;
-  if (!dense) off.emplace(false);
+  // the memo makes no torch call (a tensor with gaps is gathered by hand, stats_memo.cpp): no
+  // RecordFunctionGuard (each one rebuilds the thread's callback lists, twice)
   const int64_t ts = next_ts(static_cast<int64_t>(tensors.size()));
   PyObject* rows = g->rows.ptr();
   PyObject* entries = g->entries.ptr();
