@@ -20,6 +20,23 @@ the writer thread ~1.4-2.3 ms more (statistic.csv text).  Per tap call in isolat
 tensor already read): 3.8 -> 1.15 us; pybind11's dispatch alone was 0.17-0.5 us, the rest the
 per-call C API work (locks, clock, rows), the GC (rows were tracked) and pybind11's GIL checks.
 
+The split of 2026-11-24 17:5x-18:3x (decoder, device statistics, 1 torch thread, LOADED: load
+3-8 on 2 cores, so milliseconds of thread CPU, not wall; ``--split``, ``--closed``, ``perf record``
+of taps open vs closed, bench/graph_taps_micro.py): aot_eager floor 8.1-9.2 ms main-thread CPU;
+taps closed 8.7-10.1; taps open 10.4-13.6 (open minus closed in the same minutes: 1.5-2.9 ms).
+The taps' part, by perf (main thread, ms a step): the statistics reads ~0.65 (reduce_range,
+one_pass, copies of tensors with gaps), the taps' own C++ ~0.3 (side, tap, memo lookups, carry),
+Python objects of the rows ~0.45 (tuple_alloc, PyObject_Malloc, tupledealloc, ints), libc malloc
+churn ~0.25, torch's own kernels slower beside the reads ~0.25 (cache: mul's kernel, serial_for_each),
+Python of begin/end/flush beyond the closed taps ~0.15-0.3.  Not the cause: the garbage collector
+(0.03-0.05 ms a step: 0.1-0.35 young collections), the caching allocator (CPU tensors: malloc; no
+lifetime the taps extend), GIL waits (2-3 voluntary switches of the training thread a step).  The
+"1.5 ms beyond the calls in isolation" is mostly the isolation's tensor size: 516 taps (1,032
+rows, 350 reads) cost 0.56 ms with 16-float tensors and 1.57 ms with 16,384-float ones (the
+decoder's rows name 60 MB a step, median 32 KB; reads at ~23 GB/s).  The writer thread, ms a
+step: statistic.csv job 1.3-1.9, of which the text 0.82-0.93 (the cells 0.32-0.35) and the two
+new files' open+fstat+write 0.44-0.9; about 0.3 of that is there with the taps closed (parameters).
+
 Prints the median step time (ms: wall, main-thread CPU, process CPU) and the tensors recorded per step; ``--aot-eager`` runs the
 floor (``torch.compile(backend="aot_eager")``, no opdump) instead, for a same-process reference.
 """
