@@ -381,8 +381,10 @@ class GraphTaps {
         if (PyList_Append(c.entries.ptr(), handle.ptr()) < 0 || PyList_Append(c.dtypes.ptr(), dtype) < 0) {
           throw py::error_already_set();
         }
-        handle = py::int_(entry);
+        handle = py::reinterpret_steal<py::object>(int_of(entry));
+        if (!handle) throw py::error_already_set();
       }
+      const SlotText& text = slot_text(index, kind, k, t);
       py::tuple row(static_cast<size_t>(kRowFields));
       PyObject* r = row.ptr();
       auto put = [r](int field, PyObject* v, bool borrowed) {
@@ -396,9 +398,9 @@ class GraphTaps {
       put(kRowTimestamp, PyLong_FromLongLong(ts + k), false);
       put(kRowIo, io.ptr(), true);
       put(kRowSlot, PyLong_FromSsize_t(k), false);
-      put(kRowNbytes, PyLong_FromLongLong(t.numel() * t.element_size()), false);
+      put(kRowNbytes, text.nbytes.ptr(), true);
       put(kRowDtype, dtype, true);
-      put(kRowShape, shape_of(index, kind, k, t), true);
+      put(kRowShape, text.shape.ptr(), true);
       put(kRowHandle, handle.release().ptr(), false);
       put(kRowHostFuture, Py_None, true);
       PyObject_GC_UnTrack(r);         // ints, strs, a dtype, None: no cycle to find
@@ -407,18 +409,44 @@ class GraphTaps {
     }
   }
 
-  // the shape text of a slot, made again only when its sizes change
-  PyObject* shape_of(int64_t index, int kind, Py_ssize_t slot, const at::Tensor& t) {
+  // A slot's shape text and byte count (an int object), made again only when its sizes or its
+  // element size change: the same objects row after row, step after step (no allocation per row).
+  struct SlotText {
+    std::vector<int64_t> sizes;
+    int64_t element_size = -1;
+    py::object shape, nbytes;
+  };
+  const SlotText& slot_text(int64_t index, int kind, Py_ssize_t slot, const at::Tensor& t) {
     auto& slots = shapes_[static_cast<size_t>(index) * 2 + kind];
     if (static_cast<size_t>(slot) >= slots.size()) slots.resize(static_cast<size_t>(slot) + 1);
-    auto& cached = slots[static_cast<size_t>(slot)];
+    SlotText& cached = slots[static_cast<size_t>(slot)];
     const c10::IntArrayRef sizes = t.sizes();
-    if (!cached.second || !sizes.equals(cached.first)) {
-      cached.first = sizes.vec();
-      cached.second = py::str(shape_text(sizes));
+    const int64_t element_size = static_cast<int64_t>(t.element_size());
+    if (!cached.shape || element_size != cached.element_size || !sizes.equals(cached.sizes)) {
+      py::object shape = py::str(shape_text(sizes));
+      py::object nbytes = py::reinterpret_steal<py::object>(PyLong_FromLongLong(t.numel() * element_size));
+      if (!nbytes) throw py::error_already_set();
+      cached.sizes = sizes.vec();
+      cached.element_size = element_size;
+      cached.shape = std::move(shape);
+      cached.nbytes = std::move(nbytes);
     }
-    return cached.second.ptr();
+    return cached;
   }
+
+  // The int object of a batch entry's number (a row's statistics handle), kept for the taps' life:
+  // entries number from 0 in every batch, so the same few hundred objects serve every step.
+  PyObject* int_of(int64_t v) {
+    if (v < 0 || v >= kIntCache) return PyLong_FromLongLong(v);
+    if (static_cast<size_t>(v) >= ints_.size()) ints_.resize(static_cast<size_t>(v) + 1);
+    py::object& cached = ints_[static_cast<size_t>(v)];
+    if (!cached) {
+      cached = py::reinterpret_steal<py::object>(PyLong_FromLongLong(v));
+      if (!cached) throw py::error_already_set();
+    }
+    return cached.inc_ref().ptr();
+  }
+  static constexpr int64_t kIntCache = 1 << 16;
 
   // Clock.__call__(count): the first of `count` consecutive microsecond stamps, later than any given
   int64_t stamp(const Call& c, Py_ssize_t count) {
@@ -491,7 +519,8 @@ class GraphTaps {
   py::str tap_, input_, output_;
   py::int_ zero_;
   std::vector<py::object> op_types_, op_names_;
-  std::vector<std::vector<std::pair<std::vector<int64_t>, py::object>>> shapes_;   // per (op, side), per slot
+  std::vector<std::vector<SlotText>> shapes_;   // per (op, side), per slot
+  std::vector<py::object> ints_;                // int_of's objects, by value
   State state_ = kClosed;
   int64_t count_ = 0;
   int64_t iteration_ = -1;
