@@ -208,7 +208,7 @@ class Session:
             self._atexit_hook = None
         active.deactivate(self)
         try:
-            for hook in self._close_hooks:
+            for hook in tuple(self._close_hooks):        # a hook may remove itself (EagerCapture.stop)
                 hook()
             self._end_iteration(self.iteration)
         finally:                        # whatever a hook raised, the files are flushed and the folder freed
@@ -276,7 +276,7 @@ class Session:
         if self._layout is not None and not self._forked:
             writer.defer(before=self._declare)
         try:
-            for hook in self._iteration_end_hooks:
+            for hook in tuple(self._iteration_end_hooks):
                 hook(iteration)
             self.recorder.flush_statistics()
             if self.recorder.online is not None:

@@ -15,7 +15,8 @@
 // element is >= +0 (a second integer maximum, over the raw bits, in the same pass).  float32, float64,
 // float16 and bfloat16 tensors on the CPU with elements that are non-overlapping and dense
 // (any strides, a negative-bit view too: magnitudes do not see the sign); anything else
-// gives None (the caller reads it with torch).  The GIL is released for large tensors.
+// gives None (the caller reads it with torch).  The GIL is released for large tensors, which
+// are read in parallel chunks (max_bits).
 #include <torch/extension.h>
 
 #include <algorithm>
@@ -23,6 +24,9 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <vector>
+
+#include <ATen/Parallel.h>
 
 namespace {
 
@@ -30,11 +34,10 @@ constexpr int64_t kReleaseGil = 1 << 15;      // below: the call costs more than
 
 // One pass, one cache line of lanes per step (gcc vectorises the lane loop): the maximum of
 // the bits with the sign cleared (the magnitude) and of the raw bits (>= the sign bit when
-// an element is signed).  Single-threaded: the watch reads in the training thread, and a
-// plain loop with constant masks reads at memory speed (the shape a parallel split and a
-// mask passed as an argument read at half that, measured on the CPU reading).
+// an element is signed).  A plain loop with constant masks reads at memory speed on one
+// thread (a mask passed as an argument read at half that, measured on the CPU reading).
 template <typename U, U kMask>
-void max_bits(const U* p, int64_t n, U& magnitude, U& raw_max) {
+void max_bits_serial(const U* p, int64_t n, U& magnitude, U& raw_max) {
   constexpr int kLanes = 64 / sizeof(U);
   U lane[kLanes] = {}, raw[kLanes] = {};
   int64_t i = 0;
@@ -55,6 +58,31 @@ void max_bits(const U* p, int64_t n, U& magnitude, U& raw_max) {
   }
   magnitude = m;
   raw_max = r;
+}
+
+// Large tensors: fixed chunks of kChunkBytes read by the intra-op pool (at::parallel_for, as
+// cpu_kernel.cpp's statistics), each with the serial loop above, their maxima combined.  Why:
+// the watch reads on the training thread after an operator, while the step's own compute uses
+// every intra-op thread; one thread alone reading a large output makes the watched step's
+// wall time longer by the whole read (bench/watch_threads.py, issue 20's wall-vs-CPU gap).
+// Same result bit for bit: a maximum does not depend on the order its parts are combined in.
+constexpr int64_t kChunkBytes = int64_t(1) << 20;
+
+template <typename U, U kMask>
+void max_bits(const U* p, int64_t n, U& magnitude, U& raw_max) {
+  const int64_t chunk = kChunkBytes / static_cast<int64_t>(sizeof(U));
+  const int64_t chunks = (n + chunk - 1) / chunk;
+  if (chunks < 2 || at::get_num_threads() < 2 || at::in_parallel_region()) {
+    max_bits_serial<U, kMask>(p, n, magnitude, raw_max);
+    return;
+  }
+  std::vector<U> mags(static_cast<size_t>(chunks)), raws(static_cast<size_t>(chunks));
+  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c)
+      max_bits_serial<U, kMask>(p + c * chunk, std::min(chunk, n - c * chunk), mags[c], raws[c]);
+  });
+  magnitude = *std::max_element(mags.begin(), mags.end());
+  raw_max = *std::max_element(raws.begin(), raws.end());
 }
 
 // max |x| from the largest magnitude pattern `m` (`inf`: the Inf pattern)

@@ -181,8 +181,9 @@ class EagerCapture(NativeEager, OperatorPath):
             register_optimizer_step_pre_hook(self._optimizer_pre),
             register_optimizer_step_post_hook(self._optimizer_post),
         ]
-        session.on_iteration_end(self._iteration_end)
-        session.on_close(self.stop)
+        # removed by stop() with the rest: a capture started again (the bench's toggles) or
+        # replaced must not leave its iteration-end hook behind, called every iteration
+        self._handles += [session.on_iteration_end(self._iteration_end), session.on_close(self.stop)]
         self._active = True
         self._checked = None
         self._mode = _DumpMode(self)
