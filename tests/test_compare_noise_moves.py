@@ -21,7 +21,7 @@ from opdump.config.loader import load_config
 from opdump.debug import online_compare
 from opdump.session import Session
 from conftest import write_config
-from test_compare_noise_floor import _pair
+from test_compare_noise_floor import _column_path_ran, _pair
 from test_online_compare import _config as _online_config, _reports
 
 _MOVES = ("view", "expand", "t", "clone")
@@ -70,7 +70,9 @@ def _both_paths(a, b, monkeypatch):
     got = {}
     for fast in ("1", "0"):
         monkeypatch.setenv("OPDUMP_COMPARE_FAST", fast)
+        seen = _column_path_ran(monkeypatch)
         got[fast] = compare(a, b, progress=False, workers=1)
+        assert bool(seen) == (fast == "1")                   # the column path ran, and only there
     assert list(got["1"].table.verdict) == list(got["0"].table.verdict)
     assert list(got["1"].table.reason) == list(got["0"].table.reason)
     return got["1"]
