@@ -34,9 +34,10 @@ class MeanShift(nn.Module):
         return self.head(h - shift).sum()
 
 
-def _run(folder, dtype, saved, shift=0.0, noise=0.0):
+def _run(folder, dtype, saved, shift=0.0, noise=0.0, model_cls=None):
+    """One step of ``model_cls`` (default :class:`MeanShift`) in ``dtype`` dumped to ``folder``."""
     torch.manual_seed(0)
-    model, x = MeanShift().to(dtype), torch.randn(8, 16)
+    model, x = (model_cls or MeanShift)().to(dtype), torch.randn(8, 16)
     if noise:
         x = x + noise * torch.randn(8, 16)
     folder.mkdir(parents=True)

@@ -13,15 +13,13 @@ import pytest
 import torch
 import torch.nn as nn
 
-import opdump
 from opdump.analysis import compare
 from opdump.analysis.compare.noise_floor import VALUE_MOVING, demote_noise, moves_values
 from opdump.capture.eager import EagerCapture
 from opdump.config.loader import load_config
 from opdump.debug import online_compare
 from opdump.session import Session
-from conftest import write_config
-from test_compare_noise_floor import _column_path_ran, _pair
+from test_compare_noise_floor import _column_path_ran, _pair, _run as _run_model
 from test_online_compare import _config as _online_config, _reports
 
 _MOVES = ("view", "expand", "t", "clone")
@@ -45,14 +43,7 @@ class MeanMoved(nn.Module):
 
 
 def _run(folder, dtype, saved, shift=0.0):
-    torch.manual_seed(0)
-    model, x = MeanMoved().to(dtype), torch.randn(8, 16)
-    folder.mkdir(parents=True)
-    cfg = write_config(folder, common={"iteration": "0", "saved_data": saved})
-    with opdump.Session(cfg) as s, EagerCapture(s):
-        model(x.to(dtype), shift).backward()
-        s.step()
-    return str(folder / "dump")
+    return _run_model(folder, dtype, saved, shift=shift, model_cls=MeanMoved)
 
 
 @pytest.fixture(scope="module")

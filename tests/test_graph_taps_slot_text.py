@@ -2,29 +2,19 @@
 a slot's shape text and byte count, and the batch entries' numbers, are made once and shared by
 the rows of every later call (no allocation per row, ~1,250 rows a step on a small decoder), and
 made again when the slot's sizes or element size change."""
-import threading
 import weakref
 
 import pytest
 import torch
 
-from opdump.recorder.copies import Clock
 from opdump.stats import native
 from opdump.stats.contract import ROW_FIELDS
+from test_graph_native_taps_fast import _Recorder
 
 pytestmark = pytest.mark.skipif(getattr(native.module(), "GraphTaps", None) is None,
                                 reason="the native module is not built here (OPDUMP_CPU_KERNEL=0 or no compiler)")
 
 NBYTES, SHAPE, HANDLE = (ROW_FIELDS.index(f) for f in ("nbytes", "shape", "device_handle"))
-
-
-class _Recorder:
-    """What GraphTaps.open reads of a recorder: its lock, its clock and its pending rows."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self.clock = Clock()
-        self._pending = {}
 
 
 class _Runtime:

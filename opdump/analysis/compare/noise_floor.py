@@ -245,17 +245,7 @@ def demote_noise(pairs: Sequence[Pair], low: Optional[Tuple[float, str]] = None,
             bounds[i] = (bound, low[1])
             carried.setdefault((p.a.rank, p.a.iteration, _fingerprint(p)), (p, bound, low[1]))
     if carried:
-        for i in pending_inputs:
-            p = pairs[i]
-            if p.verdict not in CANDIDATE_VERDICTS:
-                continue
-            src = carried.get((p.a.rank, p.a.iteration, _fingerprint(p)))
-            if src is None:
-                continue
-            o, bound, name = src
-            p.verdict, p.reason = "warning", carried_reason(o.a.op, o.a.slot, bound, name, p.reason or p.verdict)
-            done.append(i)
-            bounds[i] = (bound, name)
+        _demote_carried_inputs(pairs, pending_inputs, carried, bounds, done)
     _carry_through_moves(pairs, calls, pending_inputs, carried, bounds, done)
     return sorted(done)
 
@@ -301,17 +291,24 @@ def _carry_through_moves(pairs: Sequence[Pair], calls: Dict[tuple, List[int]], p
                 carried.setdefault((p.a.rank, p.a.iteration, _fingerprint(p)), (p, bound, name))
                 changed = True
         if changed:
-            for i in pending_inputs:
-                p = pairs[i]
-                if p.verdict not in CANDIDATE_VERDICTS:
-                    continue
-                src = carried.get((p.a.rank, p.a.iteration, _fingerprint(p)))
-                if src is not None:
-                    o, bound, name = src
-                    p.verdict, p.reason = "warning", carried_reason(o.a.op, o.a.slot, bound, name,
-                                                                      p.reason or p.verdict)
-                    bounds[i] = (bound, name)
-                    done.append(i)
+            _demote_carried_inputs(pairs, pending_inputs, carried, bounds, done)
+
+
+def _demote_carried_inputs(pairs: Sequence[Pair], pending_inputs: List[int],
+                           carried: Dict[tuple, Tuple[Pair, float, str]], bounds: Dict[int, Tuple[float, str]],
+                           done: List[int]) -> None:
+    """The candidate inputs among ``pending_inputs`` holding the values of an output demoted
+    earlier (``carried``, by fingerprint) are demoted with it."""
+    for i in pending_inputs:
+        p = pairs[i]
+        if p.verdict not in CANDIDATE_VERDICTS:
+            continue
+        src = carried.get((p.a.rank, p.a.iteration, _fingerprint(p)))
+        if src is not None:
+            o, bound, name = src
+            p.verdict, p.reason = "warning", carried_reason(o.a.op, o.a.slot, bound, name, p.reason or p.verdict)
+            bounds[i] = (bound, name)
+            done.append(i)
 
 
 def carried_reason(op: Any, slot: Any, bound: float, name: str, was: Any) -> str:
