@@ -16,7 +16,8 @@ import pytest
 
 from opdump.analysis.compare.noise_columns import demote_stat_columns
 from opdump.analysis.compare.noise_floor import compared_dtypes, demote_columns
-from opdump.analysis.compare.stat_pairs import StatPairs, _call_keys
+from opdump.analysis.compare.stat_calls import _call_keys
+from opdump.analysis.compare.stat_pairs import StatPairs
 
 _SPECIAL = [math.nan, math.inf, -math.inf, None, "abc"]
 

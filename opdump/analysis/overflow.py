@@ -44,6 +44,9 @@ tensor is left to scan, :attr:`OverflowReport.nothing` says so (the CLI exits 2)
 """
 from __future__ import annotations
 
+import glob
+import json
+import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
@@ -301,9 +304,6 @@ def listed_not_dumped(dump: Dump, rank: Optional[int] = None,
     hide a second operator that overflowed on its own (a backward ``cosh``), or say "nothing to
     analyse" for an iteration whose overflows were all past the limit.  An unreadable summary
     is skipped (it proves nothing)."""
-    import glob
-    import json
-    import os
     wanted = None if iterations is None else {int(i) for i in iterations if not isinstance(i, tuple)}
     out: List[Dict[str, Any]] = []
     for rk, r in sorted(dump.ranks.items()):

@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import math
 from itertools import compress
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from .noise_floor import (CANDIDATE_VERDICTS, NO_DATA_VERDICTS, _eps, carried_reason, compared_dtypes, demote_columns,
                           lowest_precision, moved_reason, moves_values)
+from .stat_calls import _call_keys
 
 __all__ = ["demote_stat_columns"]
 
@@ -148,7 +149,6 @@ def demote_stat_columns(sp) -> None:
                                                                                      count=n)
     stat = np.fromiter(map("statistics".__eq__, mode), dtype=bool, count=n)
     if (compared & ~stat).any() or not hasattr(sp, "sides") or "row_a" not in c:
-        from .stat_pairs import _call_keys
         demote_columns(verdicts, reasons, c["same"], lambda: _call_keys(c), sp.tensors,
                        lambda: compared_dtypes(c["dtype_a"], c["dtype_b"], kind, mode, verdicts))
         return
@@ -156,7 +156,7 @@ def demote_stat_columns(sp) -> None:
     if low is None:
         return
     cand = np.flatnonzero(is_cand & compared).tolist()
-    keys = list(zip(c["rank"], c["iteration"], c["graph"], c["op_file"], c["call"]))
+    keys = _call_keys(c)
     want = set(map(keys.__getitem__, cand))
     if not want:
         return

@@ -30,7 +30,6 @@ from .stat_cells import iterations_of, per_distinct, scatter
 from .stat_columns import _VALUES, column_of_values, judge_columns
 from .stat_gather import take_cells as _take
 from .stat_onesided import add_one_sided, call_counts, summary_lists, unmatched_warning
-from .stat_calls import _call_keys  # noqa: F401 (read by .noise_columns)
 from .stat_calls import _KeysOnce, _same_columns, first_rows, operator_calls, row_keys
 
 __all__ = ["StatPairs", "finish_result"]
