@@ -151,7 +151,7 @@ class OnlineCompare:
         cfg = self.config = recorder.config
         self.reference = Reference(cfg.reference)
         self.thresholds = Thresholds()
-        self.matchers = default_matchers()
+        self.matchers = default_matchers(order_on_tie=True)   # batches: order is position (match.py)
         self.tensor_mode = cfg.dump_tensors           # "full": tensors compared where the reference has them
         self.first: Optional[Dict[str, Any]] = None   # the run's first divergence
         self.origin: Optional[Dict[str, Any]] = None  # the run's first difference (module doc)

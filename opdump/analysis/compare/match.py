@@ -252,6 +252,14 @@ class AlignedOrderMatcher(Matcher):
 
     rule = RULE_ORDER
 
+    def __init__(self, order_on_tie: bool = False):
+        #: when the name alignment and the signature alignment pair as many calls: the
+        #: signature (execution order) one -- the online compare's batches, whose reference
+        #: window starts at the first unpaired operator, so order is the position and a name
+        #: shifted by an inserted operator (a ``.float()`` cast in one run) would pair the
+        #: other of two equal calls (two LayerNorm-backward ``detach``); else the names
+        self.order_on_tie = order_on_tie
+
     def __call__(self, m: Matching) -> None:
         ios = m.ios
         calls_a = _calls(m.A, m.free_a())
@@ -269,7 +277,8 @@ class AlignedOrderMatcher(Matcher):
                 anchors = align([(c.op,) + s for (c, _), s in zip(ca, sig_a)],
                                 [(c.op,) + s for (c, _), s in zip(cb, sig_b)])
                 named = _fill_gaps(anchors, sig_a, sig_b) if anchors else by_sig
-            chosen = named if len(named) >= len(by_sig) else by_sig
+            tie_to_names = not self.order_on_tie and len(named) == len(by_sig)
+            chosen = named if len(named) > len(by_sig) or tie_to_names else by_sig
             chosen = _tie_break(chosen, sig_a, ca, cb, sig_b)
             for x, y in chosen:
                 (oa, ia), (ob, ib) = ca[x], cb[y]
@@ -332,12 +341,14 @@ class NameMatcher(Matcher):
             m.take(i, (same_graph or cands)[0], self.rule)
 
 
-def default_matchers(mapping: Optional[Iterable[Tuple[str, str]]] = None) -> List[Matcher]:
-    """Mapping (when given), aligned order, name, then unique signature."""
+def default_matchers(mapping: Optional[Iterable[Tuple[str, str]]] = None,
+                     order_on_tie: bool = False) -> List[Matcher]:
+    """Mapping (when given), aligned order (``order_on_tie``: :class:`AlignedOrderMatcher`),
+    name, then unique signature."""
     out: List[Matcher] = []
     if mapping:
         out.append(MappingMatcher(mapping))
-    out += [AlignedOrderMatcher(), NameMatcher(), UniqueSignatureMatcher()]
+    out += [AlignedOrderMatcher(order_on_tie), NameMatcher(), UniqueSignatureMatcher()]
     return out
 
 
