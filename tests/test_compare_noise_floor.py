@@ -48,14 +48,20 @@ def _run(folder, dtype, saved, shift=0.0, noise=0.0, model_cls=None):
     return str(folder / "dump")
 
 
+def precision_dumps(root, run):
+    """``run``'s dumps under ``root``, tensor and statistic each: bf16, bf16 with the shift, fp32."""
+    out = {}
+    for saved in ("tensor", "statistic"):
+        out[saved, "bf16"] = run(root / saved / "bf16", torch.bfloat16, saved)
+        out[saved, "bf16_shift"] = run(root / saved / "bf16_shift", torch.bfloat16, saved, shift=1.0)
+        out[saved, "fp32"] = run(root / saved / "fp32", torch.float32, saved)
+    return out
+
+
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory):
     root = tmp_path_factory.mktemp("noise")
-    out = {}
-    for saved in ("tensor", "statistic"):
-        out[saved, "bf16"] = _run(root / saved / "bf16", torch.bfloat16, saved)
-        out[saved, "bf16_shift"] = _run(root / saved / "bf16_shift", torch.bfloat16, saved, shift=1.0)
-        out[saved, "fp32"] = _run(root / saved / "fp32", torch.float32, saved)
+    out = precision_dumps(root, _run)
     out["tensor", "bf16_noise"] = _run(root / "tensor" / "bf16_noise", torch.bfloat16, "tensor", noise=1e-2)
     return out
 

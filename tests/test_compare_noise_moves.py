@@ -10,17 +10,13 @@ backward ``expand`` the first divergence.)"""
 import json
 
 import pytest
-import torch
 import torch.nn as nn
 
 from opdump.analysis import compare
 from opdump.analysis.compare.noise_floor import VALUE_MOVING, demote_noise, moves_values
-from opdump.capture.eager import EagerCapture
-from opdump.config.loader import load_config
 from opdump.debug import online_compare
-from opdump.session import Session
-from test_compare_noise_floor import _column_path_ran, _pair, _run as _run_model
-from test_online_compare import _config as _online_config, _reports
+from test_compare_noise_floor import _column_path_ran, _pair, _run as _run_model, precision_dumps
+from test_online_compare import bf16_against_fp32_reference
 
 _MOVES = ("view", "expand", "t", "clone")
 
@@ -48,13 +44,7 @@ def _run(folder, dtype, saved, shift=0.0):
 
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory):
-    root = tmp_path_factory.mktemp("moves")
-    out = {}
-    for saved in ("tensor", "statistic"):
-        out[saved, "bf16"] = _run(root / saved / "bf16", torch.bfloat16, saved)
-        out[saved, "bf16_shift"] = _run(root / saved / "bf16_shift", torch.bfloat16, saved, shift=1.0)
-        out[saved, "fp32"] = _run(root / saved / "fp32", torch.float32, saved)
-    return out
+    return precision_dumps(tmp_path_factory.mktemp("moves"), _run)
 
 
 def _both_paths(a, b, monkeypatch):
@@ -160,15 +150,7 @@ def test_online_compare_demotes_the_moves_too(tmp_path, batch_ops, monkeypatch):
     output carried to the later batches (``_Folder.carried``)."""
     if batch_ops:
         monkeypatch.setattr(online_compare, "BATCH_OPS", batch_ops)
-    ref_cfg = _online_config(tmp_path / "r.json", tmp_path / "r")
-    b_cfg = _online_config(tmp_path / "b.json", tmp_path / "b", reference=str(tmp_path / "r"))
-    for cfg, dtype in ((ref_cfg, torch.float32), (b_cfg, torch.bfloat16)):
-        torch.manual_seed(0)
-        model, x = MeanMoved().to(dtype), torch.randn(8, 16).to(dtype)
-        with Session(load_config(str(cfg))) as s, EagerCapture(s):
-            model(x).float().sum().backward()
-            s.step()
-    report = _reports(tmp_path / "b")[0]
+    report = bf16_against_fp32_reference(tmp_path, MeanMoved)
     diverged = [d.get("op", "") for d in report.get("diverged", [])]
     assert not [op for op in diverged if any(f"Default/MeanMoved/{m}-op" in op for m in _MOVES + ("mean",))], diverged
     # one-operator batches: the bf16 run has one operator more (its .float() cast), so its two

@@ -371,6 +371,20 @@ def test_offline_first_difference_names_no_parameter_of_a_later_iteration(cast_r
     assert first["parameters"] == [] and "parameter that differs" not in first["cause"]
 
 
+def bf16_against_fp32_reference(tmp_path, model_cls):
+    """One step of ``model_cls`` in fp32 dumped as the reference (``tmp_path/r``), then in
+    bf16 compared online against it (``tmp_path/b``); the bf16 run's report."""
+    ref_cfg = _config(tmp_path / "r.json", tmp_path / "r")
+    b_cfg = _config(tmp_path / "b.json", tmp_path / "b", reference=str(tmp_path / "r"))
+    for cfg, dtype in ((ref_cfg, torch.float32), (b_cfg, torch.bfloat16)):
+        torch.manual_seed(0)
+        model, x = model_cls().to(dtype), torch.randn(8, 16).to(dtype)
+        with Session(load_config(str(cfg))) as s, EagerCapture(s):
+            model(x).float().sum().backward()
+            s.step()
+    return _reports(tmp_path / "b")[0]
+
+
 def test_precision_noise_is_no_online_divergence(tmp_path):
     """A bf16 run against an fp32 reference: the mean output of a LayerNorm whose input is
     already normalised is rounding noise (README, compare verdicts: precision compares), not
@@ -385,15 +399,7 @@ def test_precision_noise_is_no_online_divergence(tmp_path):
         def forward(self, x):
             return self.head(self.ln2(self.ln1(self.fc(x))))
 
-    ref_cfg = _config(tmp_path / "r.json", tmp_path / "r")
-    b_cfg = _config(tmp_path / "b.json", tmp_path / "b", reference=str(tmp_path / "r"))
-    for cfg, dtype in ((ref_cfg, torch.float32), (b_cfg, torch.bfloat16)):
-        torch.manual_seed(0)
-        model, x = TwoNorms().to(dtype), torch.randn(8, 16).to(dtype)
-        with Session(load_config(str(cfg))) as s, EagerCapture(s):
-            model(x).float().sum().backward()
-            s.step()
-    report = _reports(tmp_path / "b")[0]
+    report = bf16_against_fp32_reference(tmp_path, TwoNorms)
     assert report["first_divergence"] is None, report["first_divergence"]
     offline = compare(tmp_path / "b", tmp_path / "r", progress=False, workers=1)
     assert offline.first_divergence is None
