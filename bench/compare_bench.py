@@ -7,7 +7,9 @@ issue's AlexNet, batch 24, 4 iterations), ``small`` (tens of thousands of small 
 1 + 1e-6 (every pair differs: the full metric pass) and ``same`` = A run again
 (byte-identical: compare's fast path), ``stats`` (a statistics-only pair of 136,250
 rows: 250 iterations) and ``stats100k`` (its first 184 iterations: 100,280 rows, the
-issue's 100,000-row case; folders copied from ``stats``).
+issue's 100,000-row case; folders copied from ``stats``), ``statsdiffer`` (two statistics dumps
+whose operator sequences differ: a tiny MobileBERT, 40 iterations, bf16 autocast against
+float32, ~172k and ~147k rows).
 
 Each measurement is the command a user types, ``opdump compare A B --csv FILE -q``, in a
 fresh process (imports included), timed by wall clock, with the CPU time of the process
@@ -101,6 +103,16 @@ def cached_share(paths: List[str], limit: int = 400) -> float:
                     except BufferError:
                         pass
     return resident / total if total else -1.0
+
+
+def stat_rows(path: str) -> int:
+    """Rows of the ``statistic.csv`` files under ``path`` (headers not counted)."""
+    n = 0
+    for d, _, fs in os.walk(path):
+        if "statistic.csv" in fs:
+            with open(os.path.join(d, "statistic.csv"), "rb") as f:
+                n += max(sum(1 for _ in f) - 1, 0)
+    return n
 
 
 def data_bytes(path: str) -> int:
@@ -205,6 +217,7 @@ def measure(root: str, shapes: List[str], repeat: int, workdir: str, log=print) 
         a = dumps["a"]
         mb = data_bytes(a) / 1e6
         nfiles = len(npy_files(a))
+        rows = {v: stat_rows(p) for v, p in dumps.items()} if shape.startswith("stats") else {}
         variants = ["b"] if shape.startswith("stats") else ["b", "same"]
         for v in variants:
             b = dumps[v]
@@ -221,8 +234,12 @@ def measure(root: str, shapes: List[str], repeat: int, workdir: str, log=print) 
                     cpus.append(r["cpu_s"])
                     if cache == "warm":
                         api.append(run_api(a, b, workdir)["compare_s"])
-                row = {"shape": shape, "pair": "A vs B (perturbed)" if v == "b" else "A vs A again (identical)",
+                pair = "A vs B (perturbed)" if v == "b" else "A vs A again (identical)"
+                if shape in compare_dumps.AUTOCAST:
+                    pair = "bf16 autocast vs float32"
+                row = {"shape": shape, "pair": pair,
                        "cache": cache, "mb_per_side": mb, "files_per_side": nfiles,
+                       "rows_per_side": [rows[x] for x in ("a", v)] if rows else None,
                        "wall_s": statistics.median(walls), "walls": walls, "cpu_s": statistics.median(cpus),
                        "cached_before": resid, "load": os.getloadavg()[0],
                        "api_s": statistics.median(api) if api else None}
@@ -231,7 +248,9 @@ def measure(root: str, shapes: List[str], repeat: int, workdir: str, log=print) 
                 if row["api_s"] and mb:
                     row["api_mb_s"] = mb / row["api_s"]
                 log(f"{shape:8s} {v:5s} {cache}: {row['wall_s']:.2f} s wall, {row['cpu_s']:.2f} s CPU"
-                    + (f", {row['mb_s']:.0f} MB/s per side" if mb else "") + f", load {row['load']:.1f}")
+                    + (f", {row['mb_s']:.0f} MB/s per side" if mb else "")
+                    + (" (rows per side " + " / ".join(f"{n:,}" for n in row["rows_per_side"]) + ")" if rows else "")
+                    + f", load {row['load']:.1f}")
         if not shape.startswith("stats"):
             for cache in ("warm", "cold"):
                 walls, cpus = [], []
@@ -265,7 +284,7 @@ def machine() -> Dict[str, str]:
 
 
 def markdown(res: Dict) -> str:
-    lines = ["| dump | pair | cache | MB per side (files) | command wall s | CPU s | MB/s per side "
+    lines = ["| dump | pair | cache | MB per side (files; rows A / B) | command wall s | CPU s | MB/s per side "
              "| `compare()` s (MB/s) | load |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in res["runs"]:
@@ -273,7 +292,10 @@ def markdown(res: Dict) -> str:
         api = "–"
         if r.get("api_s"):
             api = f"{r['api_s']:.2f}" + (f" ({r['api_mb_s']:.0f})" if r.get("api_mb_s") else "")
-        lines.append(f"| {r['shape']} | {r['pair']} | {r['cache']} | {r['mb_per_side']:.0f} ({r['files_per_side']}) | "
+        size = f"{r['mb_per_side']:.0f} ({r['files_per_side']})"
+        if r.get("rows_per_side"):
+            size = "{:,} / {:,} rows".format(*r["rows_per_side"])
+        lines.append(f"| {r['shape']} | {r['pair']} | {r['cache']} | {size} | "
                      f"{r['wall_s']:.2f} | {r['cpu_s']:.2f} | {mbs} | {api} | {r['load']:.1f} |")
     m = res["machine"]
     return "\n".join(lines) + "\n\n" + "; ".join(f"{k}: {v}" for k, v in m.items()) + "\n"
@@ -303,7 +325,7 @@ def update_section(path: str, res: Dict, note: str = "") -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="opdump compare benchmark (warm/cold, numpy reference)")
     ap.add_argument("--root", default="/tmp/opdump-cmp", help="where the benchmark's dumps live")
-    ap.add_argument("--shapes", default="alexnet,small,large,stats,stats100k")
+    ap.add_argument("--shapes", default="alexnet,small,large,stats,stats100k,statsdiffer")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--from-json", nargs="+", help="results of earlier runs (merged in order): nothing measured")

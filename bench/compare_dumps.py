@@ -20,6 +20,11 @@ Shapes (``--shapes``):
 
 A statistics-only pair (``stats``) of the small MLP gives the 100,000-row compare.
 
+``statsdiffer`` -- two statistics dumps whose operator sequences differ (issue 25's flagship
+case): a tiny random ``transformers`` MobileBERT (no download), 40 training iterations, ``a``
+under ``torch.autocast("cpu", bfloat16)`` (its casts are operators the other run lacks), ``b``
+in float32; no ``same``.
+
 Usage: ``python bench/compare_dumps.py --root /tmp/opdump-cmp [--shapes alexnet,small,large,stats]``.
 A shape whose three folders exist is kept (``--force`` rewrites).
 """
@@ -84,13 +89,33 @@ def _large() -> Tuple[nn.Module, torch.Tensor, torch.Tensor, nn.Parameter]:
     return m, x, y, m.fc1.weight
 
 
+def _mobilebert():
+    """A tiny random MobileBERT for sequence classification: (model, ids, labels, word embeddings)."""
+    from transformers import MobileBertConfig, MobileBertForSequenceClassification
+    cfg = MobileBertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=4, num_attention_heads=2,
+                           intermediate_size=32, embedding_size=16, intra_bottleneck_size=16,
+                           true_hidden_size=16, max_position_embeddings=64, num_labels=4,
+                           num_feedforward_networks=2)
+    m = MobileBertForSequenceClassification(cfg)
+    x, y = torch.randint(0, 100, (4, 16)), torch.randint(0, 4, (4,))
+    return m, x, y, m.mobilebert.embeddings.word_embeddings.weight
+
+
 #: shape -> (builder, iterations, saved_data)
 SHAPES: Dict[str, Tuple[Callable, int, str]] = {
     "alexnet": (_alexnet, 4, "tensor"),
     "small": (_small, 60, "tensor"),
     "large": (_large, 1, "tensor"),
     "stats": (_small, 250, "statistic"),
+    "statsdiffer": (_mobilebert, 40, "statistic"),
 }
+
+#: shapes whose pair is not A vs a perturbed B: shape -> {variant: autocast to bfloat16}
+AUTOCAST = {"statsdiffer": {"a": True, "b": False}}
+
+
+def variants(shape: str) -> Tuple[str, ...]:
+    return tuple(AUTOCAST[shape]) if shape in AUTOCAST else VARIANTS
 
 
 def dump_one(path: str, shape: str, variant: str, iterations: int) -> float:
@@ -102,16 +127,20 @@ def dump_one(path: str, shape: str, variant: str, iterations: int) -> float:
     build, _its, saved = SHAPES[shape]
     torch.manual_seed(0)
     model, x, y, first = build()
-    if variant == "b":
+    bf16 = AUTOCAST.get(shape, {}).get(variant, False)
+    if variant == "b" and shape not in AUTOCAST:
         with torch.no_grad():
             first.mul_(1 + 1e-6)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    loss = (lambda out, y: F.cross_entropy(out.logits.float(), y)) if shape in AUTOCAST else F.cross_entropy
     cfg = DumpConfig(path=path, iteration=IterationSpec(ranges=((0, iterations - 1),)), saved_data=saved)
     t0 = time.perf_counter()
     with opdump.Session(cfg) as s, EagerCapture(s):
         for _ in range(iterations):
             opt.zero_grad(set_to_none=True)
-            F.cross_entropy(model(x), y).backward()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                out = model(x)
+            loss(out, y).backward()
             opt.step()
     return time.perf_counter() - t0
 
@@ -121,10 +150,10 @@ def folder(root: str, shape: str, variant: str) -> str:
 
 
 def ensure(root: str, shape: str, iterations: int = 0, force: bool = False, log=print) -> Dict[str, str]:
-    """The three dumps of ``shape`` under ``root`` (written when missing) -> {variant: path}."""
+    """The dumps of ``shape`` under ``root`` (written when missing) -> {variant: path}."""
     its = iterations or SHAPES[shape][1]
     out = {}
-    for v in VARIANTS:
+    for v in variants(shape):
         p = folder(root, shape, v)
         done = os.path.join(p, ".bench_done")
         if force and os.path.isdir(p):
