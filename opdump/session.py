@@ -136,6 +136,7 @@ class Session:
             warnings.warn(f"opdump: {fallback}", UserWarning, stacklevel=2)
         self.iteration = 0
         self._layout: Optional[Layout] = None
+        self._provisional_rank: Optional[int] = None    # the layout awaits the real rank (write_metadata_at_start)
         self._graph_ids = itertools.count()
         self._graph_lock = threading.Lock()
         self._driven = False               # an optimizer step or step() was seen
@@ -162,6 +163,8 @@ class Session:
         if self.enabled:        # last: nothing after it can fail and leave the folder locked
             self.dump_root, self._tree = self._open_folder(self._start_rank())
             _LIVE.add(self)
+            if self.exception_dump is not None:     # never raises
+                self.exception_dump.write_metadata(at_start=True)
 
     @staticmethod
     def _check_supported(config: DumpConfig) -> None:
@@ -390,20 +393,60 @@ class Session:
 
     @property
     def layout(self) -> Layout:
-        if self._layout is None:
-            tree = self._tree_for(self.rank)
-            if self.config.layout == "acl":
-                self._layout = AclLayout(self.config, self.rank, tree, on_error=self._write_failed,
-                                         stopped=lambda w=self.writer: w.failed)
-                if self.config.model_filter:          # graphs dump_list's model_name entries select
-                    self.recorder.folder_filter = self._layout.folder_filter
-            else:
-                self._layout = Layout(self.dump_root, self.rank, self.config.net_name, tree=tree,
-                                      on_error=self._write_failed, stopped=lambda w=self.writer: w.failed)
-            if tree.is_open:
-                self._manifest = Manifest(tree, os.path.join(self._layout.metadata_dir, fmt.MANIFEST_JSON))
-                self._write_metadata()
+        if self._layout is None or self._provisional_rank is not None:
+            self._make_layout()
         return self._layout
+
+    def write_metadata_at_start(self) -> None:
+        """The layout made now, writing the run's metadata and a manifest (``complete`` false):
+        the exception dump's (``op_debug_mode`` 4) run killed before anything else is written is
+        told from one that never started.  While ``torch.distributed`` may still give another
+        rank, the layout is the start rank's provisionally: its first use after this keeps it
+        or moves the dump to the real rank (:meth:`_make_layout`)."""
+        if self._layout is not None:
+            return
+        if self._rank is not None or (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            self._make_layout()
+            return
+        rank = self._tree_rank if self._tree_rank is not None else self._start_rank()
+        self._build_layout(rank)
+        self._provisional_rank = rank
+
+    def _make_layout(self) -> None:
+        provisional, self._provisional_rank = self._provisional_rank, None
+        if provisional is not None:
+            if self.rank == provisional:
+                return                  # the metadata written at start is the real rank's
+            self._drop_layout()         # only the metadata is in it: the folder goes, as an empty one does
+        self._build_layout(self.rank)
+
+    def _build_layout(self, rank: int) -> None:
+        tree = self._tree_for(rank)
+        if self.config.layout == "acl":
+            self._layout = AclLayout(self.config, rank, tree, on_error=self._write_failed,
+                                     stopped=lambda w=self.writer: w.failed)
+            if self.config.model_filter:          # graphs dump_list's model_name entries select
+                self.recorder.folder_filter = self._layout.folder_filter
+        else:
+            self._layout = Layout(self.dump_root, rank, self.config.net_name, tree=tree,
+                                  on_error=self._write_failed, stopped=lambda w=self.writer: w.failed)
+        if tree.is_open:
+            self._manifest = Manifest(tree, os.path.join(self._layout.metadata_dir, fmt.MANIFEST_JSON))
+            self._write_metadata(rank)
+
+    def _drop_layout(self) -> None:
+        """Undo a provisional layout (:meth:`write_metadata_at_start`): its manifest closed, the
+        rank folder emptied of the metadata (nothing else is written before the layout's first
+        use) so that :meth:`_tree_for` removes it."""
+        if self._manifest is not None:
+            self._manifest.close()
+        self._manifest, self._manifest_seen, self._layout = None, None, None
+        tree = self._tree
+        if tree is not None and tree.is_open:
+            try:
+                tree.clear()
+            except OSError:
+                pass
 
     def _tree_for(self, rank: int) -> DumpTree:
         """The open rank folder of ``rank``; when the rank became known only now (a later
@@ -442,8 +485,8 @@ class Session:
         if not self._forked:
             self.writer.fail(exc)
 
-    def _write_metadata(self) -> None:
-        write_run_metadata(self._layout, self.config, self.rank)
+    def _write_metadata(self, rank: int) -> None:
+        write_run_metadata(self._layout, self.config, rank)
         self._write_manifest(complete=False)
 
     def _write_manifest(self, complete: bool, running: bool = True, in_progress: Optional[int] = None) -> None:

@@ -91,3 +91,60 @@ def test_a_dump_that_never_started_is_still_nothing_to_analyse(tmp_path):
     os.makedirs(tmp_path / "dump" / "rank_0")
     out = _ls(str(tmp_path / "dump"))
     assert out.returncode == 2 and "no manifest" in out.stdout, out.stdout + out.stderr
+
+
+def _run_script(tmp_path, body, env=None):
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent(body))
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})})
+
+
+def test_a_run_killed_in_its_first_iteration_did_not_finish(tmp_path):
+    """SIGKILL in the first iteration, before any iteration end: the metadata and a manifest
+    (complete false) were written when the session started (empty rank_0 before)."""
+    cfg = write_config(tmp_path, common={"op_debug_mode": 4})
+    r = _run_script(tmp_path, f"""
+        import os, signal, torch, torch.nn as nn, opdump
+        from opdump.capture.eager import EagerCapture
+        model = nn.Linear(4, 2)
+        s = opdump.Session({str(cfg)!r})
+        with s, EagerCapture(s):
+            model(torch.randn(3, 4)).sum().backward()
+            os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    assert r.returncode == -9, (r.returncode, r.stderr)
+    dump = str(tmp_path / "dump")
+    meta = os.path.join(dump, "rank_0", ".dump_metadata")
+    assert {"config.json", "data_dump.json", "manifest.json"} <= set(os.listdir(meta))
+    m = _manifest(dump)
+    assert m["complete"] is False and m["exceptions"] == 0 and m["iteration_in_progress"] == 0, m
+    out = _ls(dump)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "no operator raised so far (the run did not finish)" in out.stdout, out.stdout + out.stderr
+
+
+def test_the_metadata_written_at_start_moves_to_the_rank_known_later(tmp_path):
+    """Written at start under the start rank ($RANK 1); init_process_group then says rank 0:
+    the dump is rank_0's (config.json says 0) and rank_1 is gone, as for the other modes."""
+    cfg = write_config(tmp_path, common={"op_debug_mode": 4})
+    r = _run_script(tmp_path, f"""
+        import os, torch, torch.nn as nn, torch.distributed as dist, opdump
+        from opdump.capture.eager import EagerCapture
+        model = nn.Linear(4, 2)
+        s = opdump.Session({str(cfg)!r})
+        assert os.path.isfile(os.path.join({str(tmp_path / "dump")!r}, "rank_1", ".dump_metadata",
+                                           "manifest.json"))
+        dist.init_process_group("gloo", init_method="file://" + {str(tmp_path / "pg")!r}, rank=0, world_size=1)
+        with s, EagerCapture(s):
+            model(torch.randn(3, 4)).sum().backward()
+            s.step()
+        dist.destroy_process_group()
+    """, env={"RANK": "1"})
+    assert r.returncode == 0, r.stderr
+    dump = tmp_path / "dump"
+    assert sorted(os.listdir(dump)) == ["rank_0"]
+    with open(dump / "rank_0" / ".dump_metadata" / "config.json") as f:
+        assert json.load(f)["rank"] == 0
+    m = _manifest(str(dump))
+    assert m["complete"] is True and m["exceptions"] == 0, m

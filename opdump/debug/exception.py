@@ -23,8 +23,8 @@ propagates (the process may die right after):
 * ``repro_<op_type>-op<N>.py`` (:mod:`.repro`), a standalone numpy/torch script;
 * the manifest, so a reader sees the files even if the process dies now.
 
-A run in which nothing raised writes the run's metadata and a manifest all the same
-(:meth:`ExceptionDump.attach`): ``opdump ls`` says that no operator raised.
+A run in which nothing raised writes the run's metadata and a manifest all the same, from
+the session's start (:meth:`ExceptionDump.attach`): ``opdump ls`` says that no operator raised.
 
 Guarantees: nothing here raises into the user's code (a failure costs one warning, the
 user's exception still propagates); each distinct (operator, exception type, message) is
@@ -150,24 +150,29 @@ class ExceptionDump:
         self._warned_limit = False
 
     def attach(self) -> None:
-        """Write the run's metadata at each iteration end (once) and at close: a run in which no
-        operator raised still leaves ``config.json``, ``data_dump.json`` and a manifest that
-        says it finished, ``exceptions`` 0 (``opdump ls``: "no operator raised"), as the
-        other modes' first file does; an empty rank folder is a dump that never started.
-        At an iteration end, not at start: the rank is known by then (a later
-        ``init_process_group`` changes the rank folder)."""
+        """The run's metadata is written when the session starts (:meth:`write_metadata`
+        ``at_start``, called by the session once its folder is open): a run in which no
+        operator raised still leaves ``config.json``, ``data_dump.json`` and a manifest,
+        ``exceptions`` 0 (``opdump ls``: "no operator raised", "... so far (the run did not
+        finish)" while ``complete`` is false, a run killed in its first iteration included);
+        an empty rank folder is a dump that never started.  At each iteration end and at close
+        the layout is used, which fixes the rank: a later ``init_process_group`` that gives
+        another rank moves the metadata to that rank's folder (``Session._make_layout``)."""
         session = self.session
         session.on_iteration_end(lambda iteration: self.write_metadata())
         session.on_close(self.write_metadata)
 
-    def write_metadata(self) -> None:
-        """The session's layout made (it writes the metadata and the manifest) unless it is
-        already, or dumping stopped.  Never raises."""
+    def write_metadata(self, at_start: bool = False) -> None:
+        """The session's layout made (it writes the metadata and the manifest) or confirmed
+        unless dumping stopped.  Never raises."""
         session = self.session
         try:
-            if session._layout is not None or not session.enabled or session._forked or session.writer.failed:
+            if not session.enabled or session._forked or session.writer.failed:
                 return
-            session.layout          # noqa: B018 - made on first use: config.json, data_dump.json, manifest
+            if at_start:
+                session.write_metadata_at_start()
+            else:
+                session.layout      # noqa: B018 - made (or its rank confirmed) on first use
         except Exception as failure:  # noqa: BLE001 - never into the user's code
             _warn(f"opdump: the exception dump could not write the run's metadata: {type(failure).__name__}: "
                   f"{failure}")
