@@ -8,7 +8,7 @@ from typing import Any, List, Optional
 
 import numpy as np
 
-__all__ = ["per_distinct", "iterations_of", "scatter"]
+__all__ = ["per_distinct", "iterations_of", "scatter", "or_undefined_cells"]
 
 
 def per_distinct(f, cells: List[Any]) -> List[Any]:
@@ -23,6 +23,17 @@ def per_distinct(f, cells: List[Any]) -> List[Any]:
         return list(map(seen.__getitem__, cells))
     except (KeyError, TypeError):
         return [f(x) for x in cells]
+
+
+def or_undefined_cells(garbage: List[Any], undefined, c, suffix: str = "") -> List[Any]:
+    """:func:`opdump.analysis.undefined.or_undefined` -- ``garbage`` with the pairs whose side
+    is an undefined input set too -- asking ``undefined`` once per distinct (rank, graph, op,
+    io, slot) instead of once per row (its answer depends on that key alone): the same list."""
+    if undefined is None or undefined.none:
+        return garbage
+    keys = list(zip(*(c[k + suffix] for k in ("rank", "graph", "op", "io", "slot"))))
+    hit = per_distinct(lambda key: undefined(*key), keys)
+    return [g or u for g, u in zip(garbage, hit)]
 
 
 def iterations_of(ser) -> List[Optional[int]]:
