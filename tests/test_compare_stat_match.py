@@ -267,3 +267,23 @@ def test_cast_cases_match_per_row_stages(case, tmp_path, monkeypatch):
     _same(old, new, tmp_path)
     assert (old.unmatched_a, old.unmatched_b, old.front_end_a, old.front_end_b, old.warnings) == (
         new.unmatched_a, new.unmatched_b, new.front_end_a, new.front_end_b, new.warnings)
+
+
+def _reseed(rng: random.Random, calls):
+    """The same calls with other values (the value seed of some calls changed)."""
+    return [c[:3] + (rng.randint(0, 3),) + c[4:] if rng.random() < 0.5 else c for c in calls]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(call_st, min_size=1, max_size=30), st.integers(0, 10 ** 6), st.integers(2, 4))
+def test_repeated_iterations_tie_break_by_their_own_values(calls, seed, n_its):
+    """Iterations running one sequence (a training run's steps) with other values each: the
+    column matcher works the alignment out once for them (stat_align's plans) and the value
+    tie-break of every iteration still reads that iteration's values, as the object matcher."""
+    rng = random.Random(seed)
+    b_calls = _edit(rng, calls)
+    ra = _frame({it: _reseed(rng, calls) for it in range(n_its)}, [("w0", 1, 0)], [])
+    rb = _frame({it: _reseed(rng, b_calls) for it in range(n_its)}, [("w0", 1, 0)], [])
+    it_pairs = _iteration_pairs(tensors_of_records(ra), tensors_of_records(rb), None)
+    got = match_rank(*sides_of(ra, rb), it_pairs)
+    assert sorted(got, key=_key) == sorted(_object_pairs(ra, rb, it_pairs), key=_key)

@@ -14,30 +14,31 @@ told apart by (io, slot) on both sides (no two rows of one call with the same io
 """
 from __future__ import annotations
 
-from itertools import compress
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
 from .frontend import EXTRA_OUTPUTS, canonical_type
 from .match import _fill_gaps, align
-from .tie_break import tie_break
+from .tie_break import reads_values, tie_break
 from .pairs import RULE_NAME, RULE_ORDER, _base_type
 from .stat_cells import per_distinct
 
 __all__ = ["CallTable", "aligned"]
 
 
-def _per_call(order: np.ndarray, cid: np.ndarray, values: List[int], n_calls: int, head: Optional[list] = None):
-    """Per call, the tuple of ``values`` at its rows in ``order`` (rows of one call adjacent,
-    calls ascending), with ``head[c]`` in front when given."""
+def _per_call(order: np.ndarray, cid: np.ndarray, values: np.ndarray, n_calls: int) -> List[bytes]:
+    """Per call, the ``values`` at its rows in ``order`` (rows of one call adjacent, calls
+    ascending) as one ``bytes`` (equal exactly where the sequences of values are)."""
     cs = cid[order]
-    starts = np.searchsorted(cs, np.arange(n_calls), side="left").tolist()
-    ends = starts[1:] + [len(order)]
-    vals = [values[k] for k in order.tolist()]
-    if head is None:
-        return [tuple(vals[s:e]) for s, e in zip(starts, ends)]
-    return [(h,) + tuple(vals[s:e]) for h, s, e in zip(head, starts, ends)]
+    starts = np.searchsorted(cs, np.arange(n_calls), side="left") * 8
+    ends = np.append(starts[1:], len(order) * 8)
+    buf = np.ascontiguousarray(values[order], dtype=np.int64).tobytes()
+    return [buf[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
+
+
+def _scope(op: str) -> str:
+    return op.rsplit("/", 1)[0] if "/" in op else ""
 
 
 class CallTable:
@@ -45,20 +46,19 @@ class CallTable:
     every row is free): per row its call (-1: not an operator), per call its first row,
     scope, iteration, canonical type, extra-output cut and fingerprint tuple."""
 
-    def __init__(self, s, io_rank: Dict[str, int], big: int):
-        """``big``: more than any slot of either side (the key of (call, io, slot))."""
+    def __init__(self, s, io_rank: Dict[str, int], big: int, op_codes: Dict[str, int]):
+        """``big``: more than any slot of either side (the key of (call, io, slot));
+        ``op_codes``: a code per operator name, the table shared with the other side."""
         import pandas as pd
-        is_op = np.fromiter(map("op".__eq__, s.kind), dtype=bool, count=len(s.kind))
-        op_rows = np.flatnonzero(is_op)
-        keys = np.fromiter(compress(s.call_key, is_op.tolist()), dtype=object, count=len(op_rows))
-        codes, uniq = pd.factorize(keys)                          # first seen first
-        self.cid = np.full(len(s.kind), -1, dtype=np.int64)
+        op_rows = np.flatnonzero(s.is_op)
+        codes, uniq = pd.factorize(s.call_code[op_rows])        # first seen first
+        self.cid = np.full(s.n, -1, dtype=np.int64)
         self.cid[op_rows] = codes
         self.n = n = len(uniq)
         first = np.full(n, -1, dtype=np.int64)
         first[self.cid[op_rows[::-1]]] = op_rows[::-1]          # the smallest row of each call
         self.first = first.tolist()
-        self.io_rank = np.asarray([io_rank[x] for x in s.io], dtype=np.int64)
+        self.io_rank = np.asarray(per_distinct(io_rank.__getitem__, s.io), dtype=np.int64)
         self.slot = np.asarray(s.slot, dtype=np.int64)
         types = [s.op_type[r] for r in self.first]
         base = per_distinct(_base_type, types)
@@ -66,10 +66,12 @@ class CallTable:
         self.cut = np.asarray([EXTRA_OUTPUTS.get(b, big) for b in base] or [big], dtype=np.int64)
         ops = [s.op[r] for r in self.first]
         self.op = ops
-        self.scope = [o.rsplit("/", 1)[0] if "/" in o else "" for o in ops]
+        self.opc = np.asarray(per_distinct(lambda o: op_codes.setdefault(o, len(op_codes)), ops), dtype=np.int64)
+        self.scope = per_distinct(_scope, ops)
         self.by_iteration: Dict[Optional[int], List[int]] = {}
         for c, r in enumerate(self.first):
             self.by_iteration.setdefault(s.iteration[r], []).append(c)
+        self._calls: Dict[object, np.ndarray] = {}
         out_rank = io_rank.get("output", -1)
         is_out = (self.io_rank == out_rank) & (self.cid >= 0)
         has_out = np.zeros(max(n, 1), dtype=bool)       # (one spare cell: row -1 reads cell 0)
@@ -77,9 +79,11 @@ class CallTable:
         sel = np.flatnonzero((self.cid >= 0) & (is_out | ~has_out[np.maximum(self.cid, 0)]))
         key = np.where(is_out[sel], self.slot[sel], 0)
         order = sel[np.lexsort((key, self.cid[sel]))]
-        self.fp = _per_call(order, self.cid, s.fp, n)             # :func:`.match._fingerprint`
+        self.fp = _per_call(order, self.cid, np.asarray(s.fp, dtype=np.int64), n)   # :func:`.match._fingerprint`
         self.unique = self._unique(op_rows, len(io_rank), big)
         self.sigs: Dict[frozenset, List[int]] = {}
+        #: per ios, each call's (name, signature) as one int (a plan's key)
+        self.keys: Dict[frozenset, np.ndarray] = {}
 
     def _unique(self, op_rows: np.ndarray, n_io: int, big: int) -> bool:
         key = (self.cid[op_rows] * n_io + self.io_rank[op_rows]) * big + self.slot[op_rows]
@@ -102,49 +106,102 @@ class CallTable:
         rows = np.flatnonzero(keep)
         order = rows[np.lexsort((self.slot[rows], self.io_rank[rows], cid[rows]))]
         setdefault = sig_codes.setdefault
-        got = [setdefault(t, len(sig_codes)) for t in _per_call(order, cid, s.tsig, self.n, self.canon)]
+        tsig = np.asarray(s.tsig, dtype=np.int64)
+        got = [setdefault(t, len(sig_codes)) for t in zip(self.canon, _per_call(order, cid, tsig, self.n))]
         self.sigs[ios] = got
+        self.keys[ios] = (self.opc << 32) | np.asarray(got, dtype=np.int64).reshape(-1)
+        return got
+
+    def calls_of(self, iteration) -> np.ndarray:
+        """The calls of one iteration, first seen first."""
+        got = self._calls.get(iteration)
+        if got is None:
+            got = self._calls[iteration] = np.asarray(self.by_iteration.get(iteration, []), dtype=np.int64)
         return got
 
 
-def aligned(m, sig_codes: Dict[tuple, int], io_rank: Dict[str, int]) -> bool:
+def aligned(m, sig_codes: Dict[tuple, int], io_rank: Dict[str, int], plans: Optional[dict] = None) -> bool:
     """:func:`.stat_match._aligned` on ``m`` (every row free) by the call tables; False
-    (nothing done) where a call holds two rows of one io and slot."""
+    (nothing done) where a call holds two rows of one io and slot.  ``plans``: the
+    :class:`_Plan` of each iteration pair's calls seen so far (the iterations of a training
+    run repeat one sequence: its alignment is worked out once)."""
     A, B = m.A, m.B
     ta, tb = A.calls, B.calls
     if not (ta.unique and tb.unique):
         return False
     ios = m.ios
     sig_a, sig_b = ta.signatures(A, ios, io_rank, sig_codes), tb.signatures(B, ios, io_rank, sig_codes)
-    calls_a = _by_scope(ta, ta.by_iteration.get(A.iteration[m.ra[0]], []) if m.ra else [])
-    calls_b = _by_scope(tb, tb.by_iteration.get(B.iteration[m.rb[0]], []) if m.rb else [])
-    pa: List[int] = []
-    pb: List[int] = []
-    for scope, ca in calls_a.items():
-        cb = calls_b.get(scope)
-        if not cb:
-            continue
-        sa = [sig_a[c] for c in ca]
-        sb = [sig_b[c] for c in cb]
-        by_sig = align(sa, sb)
-        if sa == sb:
-            named = by_sig
-        else:
-            anchors = align([(ta.op[c], s) for c, s in zip(ca, sa)], [(tb.op[c], s) for c, s in zip(cb, sb)])
-            named = _fill_gaps(anchors, sa, sb) if anchors else by_sig
-        chosen = named if len(named) >= len(by_sig) else by_sig
-        for x, y in _tie_break(chosen, sa, ca, cb, ta, tb, sb):
-            pa.append(ca[x])
-            pb.append(cb[y])
-    if pa:
+    its_a = ta.calls_of(A.iteration[m.ra[0]]) if m.ra else ta.calls_of(_NO_ITERATION)
+    its_b = tb.calls_of(B.iteration[m.rb[0]]) if m.rb else tb.calls_of(_NO_ITERATION)
+    key = (ios, ta.keys[ios][its_a].tobytes(), tb.keys[ios][its_b].tobytes())
+    plan = None if plans is None else plans.get(key)
+    if plan is None:
+        plan = _Plan(ta, tb, its_a.tolist(), its_b.tolist(), sig_a, sig_b)
+        if plans is not None:
+            plans[key] = plan
+    pa, pb = plan.pairs(ta, tb, its_a, its_b)
+    if len(pa):
         _take(m, ta, tb, pa, pb, ios, io_rank)
     return True
 
 
+#: stands for an iteration no row holds (an empty side of an iteration pair)
+_NO_ITERATION = object()
+
+
+class _Plan:
+    """The aligned calls of one iteration pair, as positions into its calls (A's, B's, in
+    first-seen order): the pairs no fingerprint can move, and the scopes whose value
+    tie-break reads fingerprints (:func:`.tie_break.reads_values`), with what it needs.
+    Depends on each call's scope, name and signature only: the same for every iteration
+    pair whose calls have the same ones."""
+
+    def __init__(self, ta: "CallTable", tb: "CallTable", its_a: List[int], its_b: List[int],
+                 sig_a: List[int], sig_b: List[int]):
+        calls_a = _by_scope(ta, its_a)
+        calls_b = _by_scope(tb, its_b)
+        fixed_a: List[int] = []
+        fixed_b: List[int] = []
+        self.valued: List[tuple] = []
+        for scope, ca in calls_a.items():
+            cb = calls_b.get(scope)
+            if not cb:
+                continue
+            sa = [sig_a[its_a[p]] for p in ca]
+            sb = [sig_b[its_b[p]] for p in cb]
+            by_sig = align(sa, sb)
+            if sa == sb:
+                named = by_sig
+            else:
+                anchors = align([(ta.op[its_a[p]], s) for p, s in zip(ca, sa)],
+                                [(tb.op[its_b[p]], s) for p, s in zip(cb, sb)])
+                named = _fill_gaps(anchors, sa, sb) if anchors else by_sig
+            chosen = named if len(named) >= len(by_sig) else by_sig
+            if reads_values(chosen, sa, sb):
+                self.valued.append((ca, cb, chosen, sa, sb))
+            else:
+                fixed_a += [ca[x] for x, _ in chosen]
+                fixed_b += [cb[y] for _, y in chosen]
+        self.fixed_a = np.asarray(fixed_a, dtype=np.int64)
+        self.fixed_b = np.asarray(fixed_b, dtype=np.int64)
+
+    def pairs(self, ta: "CallTable", tb: "CallTable", its_a: np.ndarray, its_b: np.ndarray):
+        """(A's calls, B's calls) aligned, tie-broken by this iteration pair's fingerprints."""
+        pa, pb = [its_a[self.fixed_a]], [its_b[self.fixed_b]]
+        for ca, cb, chosen, sa, sb in self.valued:
+            xa, xb = its_a[ca].tolist(), its_b[cb].tolist()
+            got = _tie_break(chosen, sa, xa, xb, ta, tb, sb)
+            pa.append(np.asarray([xa[x] for x, _ in got], dtype=np.int64))
+            pb.append(np.asarray([xb[y] for _, y in got], dtype=np.int64))
+        return np.concatenate(pa), np.concatenate(pb)
+
+
 def _by_scope(t: CallTable, calls: List[int]) -> Dict[str, List[int]]:
+    """Positions into ``calls`` by their call's scope (first seen first)."""
     out: Dict[str, List[int]] = {}
-    for c in calls:
-        out.setdefault(t.scope[c], []).append(c)
+    scope = t.scope
+    for p, c in enumerate(calls):
+        out.setdefault(scope[c], []).append(p)
     return out
 
 
@@ -154,14 +211,14 @@ def _tie_break(chosen, sig, ca, cb, ta: CallTable, tb: CallTable, sig_b=()) -> L
     return tie_break(chosen, sig, sig_b, lambda x: fa[ca[x]], lambda y: fb[cb[y]])
 
 
-def _take(m, ta: CallTable, tb: CallTable, pa: List[int], pb: List[int], ios: frozenset,
+def _take(m, ta: CallTable, tb: CallTable, pa: np.ndarray, pb: np.ndarray, ios: frozenset,
           io_rank: Dict[str, int]) -> None:
     """Pair the rows of the aligned calls (``pa[k]`` of A with ``pb[k]`` of B) by io and slot,
     io among ``ios``: one sorted lookup of (B's call, io, slot)."""
     partner = np.full(ta.n, -1, dtype=np.int64)
     partner[pa] = pb
     same_op = np.zeros(ta.n, dtype=bool)
-    same_op[pa] = [ta.op[x] == tb.op[y] for x, y in zip(pa, pb)]
+    same_op[pa] = ta.opc[pa] == tb.opc[pb]
     ra = np.asarray(m.ra, dtype=np.int64)
     cid = ta.cid[ra]
     ranks = np.asarray(sorted(io_rank[x] for x in ios if x in io_rank), dtype=np.int64)

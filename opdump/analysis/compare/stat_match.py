@@ -98,9 +98,29 @@ class ColumnSide:
             raise ValueError("slot or shape codes out of range")
         self.tsig = ((np.asarray(io_c, dtype=np.int64) << 52) | (slot << 32)
                      | (np.asarray(shape_c, dtype=np.int64) << 8) | np.asarray(dcl_c, dtype=np.int64)).tolist()
-        self.call_key = list(zip(self.iteration, self.graph, self.op_file, self.call))
+        #: per row a code of its call (iteration, graph, operator file name, call): equal
+        #: codes exactly where those tuples (a Tensor's ``call_key``) are equal
+        self.call_code = _call_codes(self.iteration, self.graph, self.op_file, self.call)
+        self.calls_of_rows = self.call_code.tolist()
+        self.is_op = np.fromiter(map("op".__eq__, self.kind), dtype=bool, count=len(self.kind))
         self.fp = fp
         self.n = len(self.kind)
+
+
+def _distinct_codes(cells: list) -> np.ndarray:
+    """A code per cell, equal exactly where the cells are (a dict's equality), first seen 0."""
+    table: Dict[Any, int] = {}
+    return np.asarray(per_distinct(lambda x: table.setdefault(x, len(table)), cells), dtype=np.int64)
+
+
+def _call_codes(*columns: list) -> np.ndarray:
+    """A code per row, equal exactly where the rows' tuples of ``columns`` cells are."""
+    import pandas as pd
+    code = np.zeros(len(columns[0]), dtype=np.int64)
+    for col in columns:
+        c = _distinct_codes(col)
+        code = pd.factorize(code * (int(c.max(initial=0)) + 1) + c)[0].astype(np.int64, copy=False)
+    return code
 
 
 def sides_of(sa, sb) -> Optional[Tuple[ColumnSide, ColumnSide]]:
@@ -112,7 +132,8 @@ def sides_of(sa, sb) -> Optional[Tuple[ColumnSide, ColumnSide]]:
         A, B = ColumnSide(sa, codes, fa), ColumnSide(sb, codes, fb)
         io_rank = {x: k for k, x in enumerate(sorted(set(A.io) | set(B.io)))}
         big = max(A.slot + B.slot, default=0) + 1
-        A.calls, B.calls = CallTable(A, io_rank, big), CallTable(B, io_rank, big)
+        op_codes: Dict[str, int] = {}
+        A.calls, B.calls = CallTable(A, io_rank, big, op_codes), CallTable(B, io_rank, big, op_codes)
         A.io_rank = B.io_rank = io_rank
         return A, B
     except (KeyError, TypeError, ValueError, OverflowError):
@@ -124,8 +145,8 @@ class _Calls:
     :func:`.match._calls` on row positions."""
 
     def __init__(self, s: ColumnSide, free: Sequence[int]):
-        by_call: Dict[tuple, List[int]] = {}
-        kind, ck = s.kind, s.call_key
+        by_call: Dict[int, List[int]] = {}
+        kind, ck = s.kind, s.calls_of_rows
         for i in free:
             if kind[i] != "op":
                 continue
@@ -274,12 +295,12 @@ def _unique_signature(m: _Matching, sig_codes: Dict[tuple, int]) -> None:
 def _front_end(m: _Matching) -> List[RowPair]:
     """:func:`.match.mark_front_end` (no file: no call can be shown to add nothing)."""
     A, B = m.A, m.B
-    paired = (set(map(A.call_key.__getitem__, m.used_a)), set(map(B.call_key.__getitem__, m.used_b)))
+    paired = (set(A.call_code[list(m.used_a)].tolist()), set(B.call_code[list(m.used_b)].tolist()))
     out: List[RowPair] = []
     memo: Dict[tuple, bool] = {}
     for side, s, free in ((0, A, m.free_a()), (1, B, m.free_b())):
         for i in free:
-            call_paired = s.call_key[i] in paired[side]
+            call_paired = s.calls_of_rows[i] in paired[side]
             key = (s.kind[i], s.op_type[i], s.io[i], s.slot[i], call_paired)
             front = memo.get(key)
             if front is None:
@@ -296,10 +317,11 @@ def match_rank(A: ColumnSide, B: ColumnSide, it_pairs) -> List[RowPair]:
     pos_a = {k: v.tolist() for k, v in _positions(A.iteration).items()}
     pos_b = {k: v.tolist() for k, v in _positions(B.iteration).items()}
     sig_codes: Dict[tuple, int] = {}
+    plans: dict = {}
     out: List[RowPair] = []
     for ia, ib in it_pairs:
         m = _Matching(A, B, pos_a.get(ia, []), pos_b.get(ib, []))
-        if not aligned(m, sig_codes, A.io_rank):          # numpy passes (.stat_align), else call by call
+        if not aligned(m, sig_codes, A.io_rank, plans):          # numpy passes (.stat_align), else call by call
             _aligned(m, sig_codes)
         _by_name(m)
         _unique_signature(m, sig_codes)

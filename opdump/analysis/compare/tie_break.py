@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
-__all__ = ["tie_break", "pair_by_fingerprint"]
+__all__ = ["tie_break", "reads_values", "pair_by_fingerprint"]
 
 
 def tie_break(chosen: List[Tuple[int, int]], sig_a: Sequence, sig_b: Sequence,
@@ -24,19 +24,7 @@ def tie_break(chosen: List[Tuple[int, int]], sig_a: Sequence, sig_b: Sequence,
     fingerprints are equal are kept; every other call of that signature, aligned or not,
     takes in order the first call of the other side with an equal fingerprint; the aligned
     pairs left whole are kept.  An unknown fingerprint keeps the aligned pairs as they are."""
-    groups: Dict[Any, List[Tuple[int, int]]] = {}
-    for x, y in chosen:
-        groups.setdefault(sig_a[x], []).append((x, y))
-    extra_a: Dict[Any, List[int]] = {}
-    extra_b: Dict[Any, List[int]] = {}
-    if sig_b:
-        used_a, used_b = {x for x, _ in chosen}, {y for _, y in chosen}
-        for x, s in enumerate(sig_a):
-            if x not in used_a and s in groups:
-                extra_a.setdefault(s, []).append(x)
-        for y, s in enumerate(sig_b):
-            if y not in used_b and s in groups:
-                extra_b.setdefault(s, []).append(y)
+    groups, extra_a, extra_b = _groups(chosen, sig_a, sig_b)
     if len(groups) == len(chosen) and not extra_a and not extra_b:
         return chosen
     out: List[Tuple[int, int]] = []
@@ -59,6 +47,33 @@ def tie_break(chosen: List[Tuple[int, int]], sig_a: Sequence, sig_b: Sequence,
             continue
         out += _with_extras(group, fa, fb, list(zip(ea, fea)), list(zip(eb, feb)))
     return out
+
+
+def _groups(chosen: List[Tuple[int, int]], sig_a: Sequence, sig_b: Sequence):
+    """``chosen`` by signature, and per signature the calls of A and of B the alignment left
+    unpaired (only signatures ``chosen`` holds; none without ``sig_b``)."""
+    groups: Dict[Any, List[Tuple[int, int]]] = {}
+    for x, y in chosen:
+        groups.setdefault(sig_a[x], []).append((x, y))
+    extra_a: Dict[Any, List[int]] = {}
+    extra_b: Dict[Any, List[int]] = {}
+    if sig_b:
+        used_a, used_b = {x for x, _ in chosen}, {y for _, y in chosen}
+        for x, s in enumerate(sig_a):
+            if x not in used_a and s in groups:
+                extra_a.setdefault(s, []).append(x)
+        for y, s in enumerate(sig_b):
+            if y not in used_b and s in groups:
+                extra_b.setdefault(s, []).append(y)
+    return groups, extra_a, extra_b
+
+
+def reads_values(chosen: List[Tuple[int, int]], sig_a: Sequence, sig_b: Sequence) -> bool:
+    """False when :func:`tie_break` gives ``chosen`` back without reading a fingerprint
+    (every signature once among the aligned pairs, no unpaired call sharing one): then its
+    answer depends on the signatures and ``chosen`` only."""
+    groups, extra_a, extra_b = _groups(chosen, sig_a, sig_b)
+    return not (len(groups) == len(chosen) and not extra_a and not extra_b)
 
 
 def _with_extras(group, fa, fb, ea, eb) -> List[Tuple[int, int]]:
