@@ -14,7 +14,8 @@ on, and ``manifest.json`` records it.  A process forked from a dumping process
 reference behind.
 
 Iterations: the counter advances after every ``optimizer.step()``
-(a global optimizer post-hook) or on :meth:`Session.step`.  Until either has
+(a global optimizer post-hook; a ``GradScaler.step`` that skips it counts too:
+``step_driver.watch_scaler_steps``) or on :meth:`Session.step`.  Until either has
 happened, each new top-level call of a dumped model is an iteration: a compiled
 frame (any of its graphs: a recompile is the same frame) or an eager model call that
 already ran in the current iteration starts a new one, unless a live optimizer holds the
@@ -39,7 +40,7 @@ from .debug.exception import ExceptionDump
 from .debug.sample import manifest_fields as sample_fields
 from .recorder import Recorder
 from .select import OpSelector
-from .step_driver import StepDriverProbe
+from .step_driver import StepDriverProbe, watch_scaler_steps
 from .stats.engine import host_categories
 from .version import __version__
 from .format import layout as fmt
@@ -149,6 +150,8 @@ class Session:
         if self.exception_dump is not None:         # a run in which nothing raised still writes its metadata
             self.exception_dump.attach()
         self._hook_handle = None
+        self._optimizer_steps = 0               # optimizer.step() calls seen (a GradScaler's skip is one too)
+        self._scaler_watch: Callable[[], None] = lambda: None
         self._atexit_hook: Optional[Callable[[], None]] = None
         self._closed = False
         self._forked = False
@@ -183,7 +186,8 @@ class Session:
     def _activate_locked(self) -> None:
         active.activate(self)
         from torch.optim.optimizer import register_optimizer_step_post_hook
-        self._hook_handle = register_optimizer_step_post_hook(lambda opt, args, kwargs: self._advance())
+        self._hook_handle = register_optimizer_step_post_hook(lambda opt, args, kwargs: self._optimizer_stepped())
+        self._scaler_watch = watch_scaler_steps(lambda: self._optimizer_steps, self._advance)
 
     def _close_at_exit(self) -> None:
         """Close at interpreter exit (sessions opened from the environment); the hook holds
@@ -206,6 +210,7 @@ class Session:
         if self._hook_handle is not None:
             self._hook_handle.remove()
             self._hook_handle = None
+            self._scaler_watch()
         if self._atexit_hook is not None:
             atexit.unregister(self._atexit_hook)
             self._atexit_hook = None
@@ -253,6 +258,10 @@ class Session:
     # ------------------------------------------------------------------ iterations
     def step(self) -> None:
         """Mark the end of a training step (when no optimizer drives the counter)."""
+        self._advance()
+
+    def _optimizer_stepped(self) -> None:
+        self._optimizer_steps += 1
         self._advance()
 
     def _advance(self) -> None:

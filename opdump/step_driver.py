@@ -18,11 +18,18 @@ Cost: nothing until some optimizer class has been instantiated (torch marks a cl
 collector's objects (~0.1 s for a process holding ``transformers``), done again only
 when another optimizer class appears.  Never raises: any failure answers ``False``
 (the old rule).
+
+A training step whose ``torch.amp.GradScaler.step(optimizer)`` skips ``optimizer.step()``
+(Inf/NaN gradients: the loss-scale overflow step) is a step all the same:
+:func:`watch_scaler_steps` has the session count it (hold-out trial 6: it merged with the
+next step, and every later step was numbered one lower).
 """
 from __future__ import annotations
 
+import functools
 import gc
-from typing import Iterable, Optional, Tuple
+import threading
+from typing import Callable, Iterable, Optional, Tuple
 
 import torch
 
@@ -76,3 +83,55 @@ class StepDriverProbe:
         self._classes = classes
         self._answer = optimizer_holds(tensors)
         return self._answer
+
+
+# ---------------------------------------------------------------------- GradScaler
+_scaler_lock = threading.Lock()
+_scaler_watch: Optional[Tuple[Callable[[], int], Callable[[], None]]] = None
+
+
+def _watched_step(original):
+    """``GradScaler.step`` that, when the optimizer's step did not run (``count`` unchanged by
+    the call), calls ``skipped``; torch's own otherwise (no watch: a plain call)."""
+
+    @functools.wraps(original)
+    def step(scaler, optimizer, *args, **kwargs):
+        watch = _scaler_watch
+        if watch is None:
+            return original(scaler, optimizer, *args, **kwargs)
+        count, skipped = watch
+        before = count()
+        result = original(scaler, optimizer, *args, **kwargs)
+        if count() == before:
+            skipped()
+        return result
+
+    step.opdump_original = original
+    return step
+
+
+def watch_scaler_steps(count: Callable[[], int], skipped: Callable[[], None]) -> Callable[[], None]:
+    """Until the returned function is called: a ``torch.amp.GradScaler.step`` (its CUDA and
+    FSDP subclasses included) after which ``count()`` (the optimizer steps the session saw)
+    has not moved calls ``skipped()``.  The scaler's ``step`` is torch's again afterwards
+    (unless something else replaced it meanwhile: ours then stays, a plain call)."""
+    global _scaler_watch
+    scaler = getattr(getattr(torch, "amp", None), "GradScaler", None)
+    if scaler is None:
+        return lambda: None
+    with _scaler_lock:
+        if getattr(scaler.step, "opdump_original", None) is None:
+            scaler.step = _watched_step(scaler.step)
+        _scaler_watch = (count, skipped)
+    watch = _scaler_watch
+
+    def stop() -> None:
+        global _scaler_watch
+        with _scaler_lock:
+            if _scaler_watch is not watch:
+                return
+            _scaler_watch = None
+            original = getattr(scaler.__dict__.get("step"), "opdump_original", None)
+            if original is not None:
+                scaler.step = original
+    return stop
