@@ -1,6 +1,6 @@
-"""``stat_cells.or_undefined_cells`` (the column-wise compares' undefined-input test, asked
-once per distinct (rank, graph, op, io, slot) instead of once per row: 0.18 s of CPU on a
-150,000-row statistics compare) gives ``undefined.or_undefined``'s list: on a real dump
+"""``stat_cells.or_undefined_cells`` (the column-wise compares' undefined-input test, asking
+only the rows of operators with an undefined input slot, found once per distinct operator
+name: 0.07 -> 0.013 s of CPU a side on a 146,600-pair statistics compare) gives ``undefined.or_undefined``'s list: on a real dump
 with ``out=`` destinations and an ``empty_like`` output, rows drawn from its operators
 (every io and slot, repeated, ints and floats for the slot, names it does not list,
 garbage already set), both sides' suffixes."""
@@ -42,6 +42,9 @@ def test_or_undefined_cells_is_the_row_loop(tmp_path_factory, data):
                     st.sampled_from(["input", "output", "parameter"]),
                     st.one_of(st.integers(0, 3), st.sampled_from([1.0, 2.0, None])), st.booleans())
     rows = data.draw(st.lists(row, min_size=n, max_size=n))
+    if data.draw(st.booleans()):                    # one rank and graph (the per-operator shortcut)
+        rank, graph = data.draw(st.sampled_from([(0, 0), (1, 0), (0.0, 0)]))
+        rows = [(rank, graph) + r[2:] for r in rows]
     for suffix in ("", "_b"):
         c = {k + suffix: [r[j] for r in rows] for j, k in enumerate(("rank", "graph", "op", "io", "slot"))}
         garbage = [r[5] for r in rows]

@@ -4,6 +4,7 @@ milliseconds a column on 100,000 rows; each gives exactly what its loop gives.
 """
 from __future__ import annotations
 
+from itertools import compress
 from typing import Any, List, Optional
 
 import numpy as np
@@ -27,13 +28,21 @@ def per_distinct(f, cells: List[Any]) -> List[Any]:
 
 def or_undefined_cells(garbage: List[Any], undefined, c, suffix: str = "") -> List[Any]:
     """:func:`opdump.analysis.undefined.or_undefined` -- ``garbage`` with the pairs whose side
-    is an undefined input set too -- asking ``undefined`` once per distinct (rank, graph, op,
-    io, slot) instead of once per row (its answer depends on that key alone): the same list."""
+    is an undefined input set too -- asking only the rows of operators that have an
+    undefined input slot (found once per distinct operator name when the rank and graph
+    columns hold one value each, the common case; else every row is asked): the same list."""
     if undefined is None or undefined.none:
         return garbage
-    keys = list(zip(*(c[k + suffix] for k in ("rank", "graph", "op", "io", "slot"))))
-    hit = per_distinct(lambda key: undefined(*key), keys)
-    return [g or u for g, u in zip(garbage, hit)]
+    rank, graph, op, io, slot = (c[k + suffix] for k in ("rank", "graph", "op", "io", "slot"))
+    n = len(op)
+    if not n or n != len(garbage) or rank.count(rank[0]) != n or graph.count(graph[0]) != n:
+        return [g or undefined(*key) for g, key in zip(garbage, zip(rank, graph, op, io, slot))]
+    r0, g0 = rank[0], graph[0]
+    has = per_distinct(lambda o: isinstance(o, str) and bool(undefined._slots(r0, g0, o)), op)
+    out = list(garbage)
+    for i in compress(range(n), has):           # undefined(...) is False on the other rows
+        out[i] = out[i] or undefined(rank[i], graph[i], op[i], io[i], slot[i])
+    return out
 
 
 def iterations_of(ser) -> List[Optional[int]]:
