@@ -85,14 +85,32 @@ def split_columns(text: str, width_of=None) -> Optional[Tuple[List[str], List[Tu
     n = len(body)
     if width < 1 or set(map(str.count, body, repeat(",", n))) != {width - 1}:
         return None                                # a row of another width, a blank line
-    fields = tuple(",".join(body).split(","))
+    rows = ",".join(body)
+    fields = tuple(rows.split(","))
     if long_text and max(map(len, lines)) > limit and max(max(map(len, fields)), max(map(len, header))) > limit:
         return None                                # the csv module refuses that field: it reports it
     cols = [fields[j::width] for j in range(width)]        # tuples (hashable: the reader's memo keys)
     if quoted:
         header = [h.replace(_COMMA_IN_QUOTES, ",") for h in header]
-        for j, col in enumerate(cols):
-            joined = _JOIN.join(col)
-            if _COMMA_IN_QUOTES in joined:
-                cols[j] = tuple(joined.replace(_COMMA_IN_QUOTES, ",").split(_JOIN))
+        _requote(cols, rows, width)
     return header, cols, n
+
+
+def _requote(cols: List[Tuple[str, ...]], rows: str, width: int) -> None:
+    """Put the commas of quoted fields back (``_COMMA_IN_QUOTES`` -> ``,``) in the columns
+    holding them, in place; ``rows`` the body's fields joined by commas (field k of it is
+    row k // width, column k % width).  Columns are looked at from the one holding the first
+    such comma on, and only until every one in ``rows`` is found (a file whose one quoted
+    column is the shape costs one column's join, not every column's)."""
+    left = rows.count(_COMMA_IN_QUOTES)
+    if not left:
+        return
+    first = rows.count(",", 0, rows.index(_COMMA_IN_QUOTES)) % width
+    for j in [first] + [j for j in range(width) if j != first]:
+        joined = _JOIN.join(cols[j])
+        here = joined.count(_COMMA_IN_QUOTES)
+        if here:
+            cols[j] = tuple(joined.replace(_COMMA_IN_QUOTES, ",").split(_JOIN))
+            left -= here
+            if not left:
+                return
