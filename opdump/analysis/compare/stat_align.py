@@ -20,7 +20,7 @@ import numpy as np
 
 from .frontend import EXTRA_OUTPUTS, canonical_type
 from .match import _fill_gaps, align
-from .tie_break import reads_values, tie_break
+from .tie_break import by_values, value_groups
 from .pairs import RULE_NAME, RULE_ORDER, _base_type
 from .stat_cells import per_distinct
 
@@ -58,8 +58,8 @@ class CallTable:
         first = np.full(n, -1, dtype=np.int64)
         first[self.cid[op_rows[::-1]]] = op_rows[::-1]          # the smallest row of each call
         self.first = first.tolist()
-        self.io_rank = np.asarray(per_distinct(io_rank.__getitem__, s.io), dtype=np.int64)
-        self.slot = np.asarray(s.slot, dtype=np.int64)
+        self.io_rank = s.io_ranks
+        self.slot = s.slot_arr
         types = [s.op_type[r] for r in self.first]
         base = per_distinct(_base_type, types)
         self.canon = per_distinct(canonical_type, base)
@@ -68,10 +68,12 @@ class CallTable:
         self.op = ops
         self.opc = np.asarray(per_distinct(lambda o: op_codes.setdefault(o, len(op_codes)), ops), dtype=np.int64)
         self.scope = per_distinct(_scope, ops)
-        self.by_iteration: Dict[Optional[int], List[int]] = {}
-        for c, r in enumerate(self.first):
-            self.by_iteration.setdefault(s.iteration[r], []).append(c)
-        self._calls: Dict[object, np.ndarray] = {}
+        #: the calls of each iteration, first seen first
+        self.by_iteration: Dict[Optional[int], np.ndarray] = {}
+        itc = s.it_code[first]
+        order = np.argsort(itc, kind="stable")
+        for grp in np.split(order, np.flatnonzero(np.diff(itc[order])) + 1) if n else ():
+            self.by_iteration[s.iteration[self.first[int(grp[0])]]] = grp
         out_rank = io_rank.get("output", -1)
         is_out = (self.io_rank == out_rank) & (self.cid >= 0)
         has_out = np.zeros(max(n, 1), dtype=bool)       # (one spare cell: row -1 reads cell 0)
@@ -79,7 +81,7 @@ class CallTable:
         sel = np.flatnonzero((self.cid >= 0) & (is_out | ~has_out[np.maximum(self.cid, 0)]))
         key = np.where(is_out[sel], self.slot[sel], 0)
         order = sel[np.lexsort((key, self.cid[sel]))]
-        self.fp = _per_call(order, self.cid, np.asarray(s.fp, dtype=np.int64), n)   # :func:`.match._fingerprint`
+        self.fp = _per_call(order, self.cid, np.asarray(s.fp, dtype=np.int64), n)    # :func:`.match._fingerprint`
         self.unique = self._unique(op_rows, len(io_rank), big)
         self.sigs: Dict[frozenset, List[int]] = {}
         #: per ios, each call's (name, signature) as one int (a plan's key)
@@ -106,18 +108,15 @@ class CallTable:
         rows = np.flatnonzero(keep)
         order = rows[np.lexsort((self.slot[rows], self.io_rank[rows], cid[rows]))]
         setdefault = sig_codes.setdefault
-        tsig = np.asarray(s.tsig, dtype=np.int64)
-        got = [setdefault(t, len(sig_codes)) for t in zip(self.canon, _per_call(order, cid, tsig, self.n))]
+        got = [setdefault(t, len(sig_codes)) for t in zip(self.canon, _per_call(order, cid, s.tsig_arr, self.n))]
         self.sigs[ios] = got
         self.keys[ios] = (self.opc << 32) | np.asarray(got, dtype=np.int64).reshape(-1)
         return got
 
     def calls_of(self, iteration) -> np.ndarray:
         """The calls of one iteration, first seen first."""
-        got = self._calls.get(iteration)
-        if got is None:
-            got = self._calls[iteration] = np.asarray(self.by_iteration.get(iteration, []), dtype=np.int64)
-        return got
+        got = self.by_iteration.get(iteration)
+        return np.empty(0, dtype=np.int64) if got is None else got
 
 
 def aligned(m, sig_codes: Dict[tuple, int], io_rank: Dict[str, int], plans: Optional[dict] = None) -> bool:
@@ -152,7 +151,7 @@ _NO_ITERATION = object()
 class _Plan:
     """The aligned calls of one iteration pair, as positions into its calls (A's, B's, in
     first-seen order): the pairs no fingerprint can move, and the scopes whose value
-    tie-break reads fingerprints (:func:`.tie_break.reads_values`), with what it needs.
+    tie-break reads fingerprints (:func:`.tie_break.value_groups`), with what it needs.
     Depends on each call's scope, name and signature only: the same for every iteration
     pair whose calls have the same ones."""
 
@@ -177,22 +176,28 @@ class _Plan:
                                 [(tb.op[its_b[p]], s) for p, s in zip(cb, sb)])
                 named = _fill_gaps(anchors, sa, sb) if anchors else by_sig
             chosen = named if len(named) >= len(by_sig) else by_sig
-            if reads_values(chosen, sa, sb):
-                self.valued.append((ca, cb, chosen, sa, sb))
-            else:
-                fixed_a += [ca[x] for x, _ in chosen]
-                fixed_b += [cb[y] for _, y in chosen]
+            kept, read = value_groups(chosen, sa, sb)
+            fixed_a += [ca[x] for x, _ in kept]
+            fixed_b += [cb[y] for _, y in kept]
+            if read:
+                self.valued.append((np.asarray(ca, dtype=np.int64), np.asarray(cb, dtype=np.int64), read))
         self.fixed_a = np.asarray(fixed_a, dtype=np.int64)
         self.fixed_b = np.asarray(fixed_b, dtype=np.int64)
 
     def pairs(self, ta: "CallTable", tb: "CallTable", its_a: np.ndarray, its_b: np.ndarray):
         """(A's calls, B's calls) aligned, tie-broken by this iteration pair's fingerprints."""
         pa, pb = [its_a[self.fixed_a]], [its_b[self.fixed_b]]
-        for ca, cb, chosen, sa, sb in self.valued:
+        fa, fb = ta.fp, tb.fp
+        xs: List[int] = []
+        ys: List[int] = []
+        for ca, cb, read in self.valued:
             xa, xb = its_a[ca].tolist(), its_b[cb].tolist()
-            got = _tie_break(chosen, sa, xa, xb, ta, tb, sb)
-            pa.append(np.asarray([xa[x] for x, _ in got], dtype=np.int64))
-            pb.append(np.asarray([xb[y] for _, y in got], dtype=np.int64))
+            for group, ea, eb in read:
+                for x, y in by_values(group, ea, eb, lambda x: fa[xa[x]], lambda y: fb[xb[y]]):
+                    xs.append(xa[x])
+                    ys.append(xb[y])
+        pa.append(np.asarray(xs, dtype=np.int64))
+        pb.append(np.asarray(ys, dtype=np.int64))
         return np.concatenate(pa), np.concatenate(pb)
 
 
@@ -203,12 +208,6 @@ def _by_scope(t: CallTable, calls: List[int]) -> Dict[str, List[int]]:
     for p, c in enumerate(calls):
         out.setdefault(scope[c], []).append(p)
     return out
-
-
-def _tie_break(chosen, sig, ca, cb, ta: CallTable, tb: CallTable, sig_b=()) -> List[Tuple[int, int]]:
-    """:func:`.match.tie_break` with each call's fingerprint tuple from the tables."""
-    fa, fb = ta.fp, tb.fp
-    return tie_break(chosen, sig, sig_b, lambda x: fa[ca[x]], lambda y: fb[cb[y]])
 
 
 def _take(m, ta: CallTable, tb: CallTable, pa: np.ndarray, pb: np.ndarray, ios: frozenset,
@@ -236,8 +235,9 @@ def _take(m, ta: CallTable, tb: CallTable, pa: np.ndarray, pb: np.ndarray, ios: 
     at = np.minimum(at, len(srt) - 1)
     found = kb[srt][at] == want
     rows, js = rows[found], rb[srt[at[found]]]
-    rules = np.where(same_op[ta.cid[rows]], RULE_NAME, RULE_ORDER).tolist()
-    ri, rj = rows.tolist(), js.tolist()
-    m.pairs += list(zip(ri, rj, rules))
-    m.used_a.update(ri)
-    m.used_b.update(rj)
+    rules = np.empty(len(rows), dtype=object)
+    rules[:] = RULE_ORDER
+    rules[same_op[ta.cid[rows]]] = RULE_NAME
+    m.bulk.append((rows, js, rules))
+    m.used_a.update(rows.tolist())
+    m.used_b.update(js.tolist())

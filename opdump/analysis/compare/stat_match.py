@@ -88,39 +88,67 @@ class ColumnSide:
         self.graph = _ints(rec["graph"])
         self.iteration = iterations_of(rec["iteration"])
         # Tensor.signature() (io, slot, shape, dtype class) as one int: each part's code in its bits
-        io_c = per_distinct(_coder(codes["io"], _same), self.io)
-        shape_c = per_distinct(_coder(codes["shape"], shape_from_text), rec["shape"].tolist())
-        dcl_c = per_distinct(_coder(codes["dclass"], _dclass),
-                             rec["dtype"].tolist() if "dtype" in rec.columns else [None] * len(rec))
-        slot = np.asarray(self.slot, dtype=np.int64)
+        self.io_code = _code_array(_coder(codes["io"], _same), self.io)
+        shape_c = _code_array(_coder(codes["shape"], shape_from_text), rec["shape"].tolist())
+        dcl_c = _code_array(_coder(codes["dclass"], _dclass),
+                            rec["dtype"].tolist() if "dtype" in rec.columns else [None] * len(rec))
+        self.slot_arr = slot = np.asarray(self.slot, dtype=np.int64)
         if (len(slot) and (slot.min() < 0 or slot.max() >= 1 << 20) or len(codes["shape"]) >= 1 << 24
                 or len(codes["io"]) >= 1 << 11 or len(codes["dclass"]) >= 1 << 8):
             raise ValueError("slot or shape codes out of range")
-        self.tsig = ((np.asarray(io_c, dtype=np.int64) << 52) | (slot << 32)
-                     | (np.asarray(shape_c, dtype=np.int64) << 8) | np.asarray(dcl_c, dtype=np.int64)).tolist()
+        self.tsig_arr = ((self.io_code << 52) | (slot << 32)
+                         | (shape_c << 8) | dcl_c)
+        self.tsig = self.tsig_arr.tolist()
+        #: per row a code of its iteration (dense, equal where the iterations are)
+        self.it_code = _distinct_codes(self.iteration)
         #: per row a code of its call (iteration, graph, operator file name, call): equal
         #: codes exactly where those tuples (a Tensor's ``call_key``) are equal
-        self.call_code = _call_codes(self.iteration, self.graph, self.op_file, self.call)
+        self.call_code = _call_codes(self.it_code, _int_codes(self.graph), _distinct_codes(self.op_file),
+                                     _int_codes(self.call))
         self.calls_of_rows = self.call_code.tolist()
-        self.is_op = np.fromiter(map("op".__eq__, self.kind), dtype=bool, count=len(self.kind))
+        self.is_op = np.asarray(self.kind, dtype=object) == "op"
         self.fp = fp
         self.n = len(self.kind)
+
+
+def _code_array(code, cells: list) -> np.ndarray:
+    """``np.asarray(per_distinct(code, cells))`` for an int-valued ``code``, without the
+    list in between."""
+    try:
+        seen = dict.fromkeys(cells)
+        for x in seen:
+            seen[x] = code(x)
+        return np.fromiter(map(seen.__getitem__, cells), dtype=np.int64, count=len(cells))
+    except (KeyError, TypeError):
+        return np.asarray([code(x) for x in cells], dtype=np.int64)
 
 
 def _distinct_codes(cells: list) -> np.ndarray:
     """A code per cell, equal exactly where the cells are (a dict's equality), first seen 0."""
     table: Dict[Any, int] = {}
-    return np.asarray(per_distinct(lambda x: table.setdefault(x, len(table)), cells), dtype=np.int64)
+    return _code_array(lambda x: table.setdefault(x, len(table)), cells)
 
 
-def _call_codes(*columns: list) -> np.ndarray:
-    """A code per row, equal exactly where the rows' tuples of ``columns`` cells are."""
+def _int_codes(ints: List[int]) -> np.ndarray:
+    """:func:`_distinct_codes` of a list of ``int``."""
     import pandas as pd
-    code = np.zeros(len(columns[0]), dtype=np.int64)
-    for col in columns:
-        c = _distinct_codes(col)
-        code = pd.factorize(code * (int(c.max(initial=0)) + 1) + c)[0].astype(np.int64, copy=False)
-    return code
+    return pd.factorize(np.asarray(ints, dtype=np.int64))[0].astype(np.int64, copy=False)
+
+
+def _call_codes(*codes: np.ndarray) -> np.ndarray:
+    """A code per row, equal exactly where the rows' tuples of ``codes`` (each dense from 0)
+    are: mixed radix, squeezed back to dense codes where it would overflow."""
+    import pandas as pd
+    out = np.zeros(len(codes[0]), dtype=np.int64)
+    span = 1
+    for c in codes:
+        card = int(c.max(initial=-1)) + 1
+        if span * card >= 1 << 62:
+            out = pd.factorize(out)[0].astype(np.int64, copy=False)
+            span = int(out.max(initial=-1)) + 1
+        out = out * card + c
+        span *= card
+    return out
 
 
 def sides_of(sa, sb) -> Optional[Tuple[ColumnSide, ColumnSide]]:
@@ -131,6 +159,8 @@ def sides_of(sa, sb) -> Optional[Tuple[ColumnSide, ColumnSide]]:
         codes: Dict[str, Dict[Any, int]] = {"io": {}, "shape": {}, "dclass": {}}
         A, B = ColumnSide(sa, codes, fa), ColumnSide(sb, codes, fb)
         io_rank = {x: k for k, x in enumerate(sorted(set(A.io) | set(B.io)))}
+        rank_of_code = np.asarray([io_rank[x] for x in codes["io"]], dtype=np.int64)   # (codes: first seen order)
+        A.io_ranks, B.io_ranks = rank_of_code[A.io_code], rank_of_code[B.io_code]
         big = max(A.slot + B.slot, default=0) + 1
         op_codes: Dict[str, int] = {}
         A.calls, B.calls = CallTable(A, io_rank, big, op_codes), CallTable(B, io_rank, big, op_codes)
@@ -190,6 +220,8 @@ class _Matching:
         self.A, self.B, self.ra, self.rb = A, B, ra, rb
         self.ios = frozenset(map(A.io.__getitem__, ra)) & frozenset(map(B.io.__getitem__, rb))
         self.pairs: List[RowPair] = []
+        #: pairs made in bulk (:func:`.stat_align._take`): (A rows, B rows, rules) arrays
+        self.bulk: List[Tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self.used_a: set = set()
         self.used_b: set = set()
 
@@ -316,17 +348,35 @@ def match_rank(A: ColumnSide, B: ColumnSide, it_pairs) -> List[RowPair]:
     from .stat_sides import _positions                  # rows of each iteration, in row order
     pos_a = {k: v.tolist() for k, v in _positions(A.iteration).items()}
     pos_b = {k: v.tolist() for k, v in _positions(B.iteration).items()}
+    out: List[RowPair] = []
+    for ai, bi, rules in _rank_parts(A, B, it_pairs):
+        out += [(None if i < 0 else i, None if j < 0 else j, r) for i, j, r in zip(ai.tolist(), bi.tolist(), rules)]
+    return out
+
+
+def _rank_parts(A: ColumnSide, B: ColumnSide, it_pairs) -> List[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """:func:`match_rank`'s pairs, in its order, as chunks of (A rows, B rows, rules) arrays
+    (-1: no partner)."""
+    from .stat_sides import _positions                  # rows of each iteration, in row order
+    pos_a = {k: v.tolist() for k, v in _positions(A.iteration).items()}
+    pos_b = {k: v.tolist() for k, v in _positions(B.iteration).items()}
     sig_codes: Dict[tuple, int] = {}
     plans: dict = {}
-    out: List[RowPair] = []
+    out: List[Tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     for ia, ib in it_pairs:
         m = _Matching(A, B, pos_a.get(ia, []), pos_b.get(ib, []))
         if not aligned(m, sig_codes, A.io_rank, plans):          # numpy passes (.stat_align), else call by call
             _aligned(m, sig_codes)
         _by_name(m)
         _unique_signature(m, sig_codes)
-        out += m.pairs
-        out += _front_end(m)
+        out += m.bulk
+        rest = m.pairs + _front_end(m)
+        if rest:
+            rules = np.empty(len(rest), dtype=object)
+            rules[:] = [r for _, _, r in rest]
+            out.append((np.fromiter((-1 if i is None else i for i, _, _ in rest), dtype=np.int64, count=len(rest)),
+                        np.fromiter((-1 if j is None else j for _, j, _ in rest), dtype=np.int64, count=len(rest)),
+                        rules))
     return out
 
 
@@ -355,9 +405,7 @@ def row_part(sa, sb, it_pairs):
     sides = sides_of(sa, sb)
     if sides is None:
         return None
-    got = match_rank(sides[0], sides[1], it_pairs)
-    ai = np.fromiter((-1 if i is None else i for i, _, _ in got), dtype=np.int64, count=len(got))
-    bi = np.fromiter((-1 if j is None else j for _, j, _ in got), dtype=np.int64, count=len(got))
-    rules = np.empty(len(got), dtype=object)
-    rules[:] = [r for _, _, r in got]
-    return ai, bi, rules
+    parts = _rank_parts(sides[0], sides[1], it_pairs)
+    if not parts:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), np.empty(0, dtype=object)
+    return tuple(np.concatenate([p[k] for p in parts]) for k in range(3))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
-__all__ = ["tie_break", "reads_values", "pair_by_fingerprint"]
+__all__ = ["tie_break", "by_values", "value_groups", "pair_by_fingerprint"]
 
 
 def tie_break(chosen: List[Tuple[int, int]], sig_a: Sequence, sig_b: Sequence,
@@ -32,21 +32,44 @@ def tie_break(chosen: List[Tuple[int, int]], sig_a: Sequence, sig_b: Sequence,
         ea, eb = extra_a.get(s, []), extra_b.get(s, [])
         if len(group) < 2 and not ea and not eb:
             out += group
-            continue
-        fa = [fp_a(x) for x, _ in group]
-        fb = [fp_b(y) for _, y in group]
-        if fa == fb or None in fa or None in fb:
-            out += group
-            continue
-        if not ea and not eb:
-            out += [(group[i][0], group[j][1]) for i, j in pair_by_fingerprint(fa, fb)]
-            continue
-        fea, feb = [fp_a(x) for x in ea], [fp_b(y) for y in eb]
-        if None in fea or None in feb:
-            out += group
-            continue
-        out += _with_extras(group, fa, fb, list(zip(ea, fea)), list(zip(eb, feb)))
+        else:
+            out += by_values(group, ea, eb, fp_a, fp_b)
     return out
+
+
+def by_values(group: List[Tuple[int, int]], ea: List[int], eb: List[int],
+              fp_a: Callable[[int], Any], fp_b: Callable[[int], Any]) -> List[Tuple[int, int]]:
+    """:func:`tie_break`'s pairs of one signature: its aligned pairs ``group`` and the calls
+    ``ea``/``eb`` the alignment left unpaired that share it."""
+    fa = [fp_a(x) for x, _ in group]
+    fb = [fp_b(y) for _, y in group]
+    if fa == fb or None in fa or None in fb:
+        return group
+    if not ea and not eb:
+        return [(group[i][0], group[j][1]) for i, j in pair_by_fingerprint(fa, fb)]
+    fea, feb = [fp_a(x) for x in ea], [fp_b(y) for y in eb]
+    if None in fea or None in feb:
+        return group
+    return _with_extras(group, fa, fb, list(zip(ea, fea)), list(zip(eb, feb)))
+
+
+def value_groups(chosen: List[Tuple[int, int]], sig_a: Sequence, sig_b: Sequence):
+    """``(kept, read)``: the pairs of ``chosen`` :func:`tie_break` keeps whatever the
+    fingerprints, and the ``(group, ea, eb)`` of each signature whose pairs it works out by
+    :func:`by_values`; its answer is ``kept`` and those pairs (in another order).  Depends
+    on the signatures and ``chosen`` only."""
+    groups, extra_a, extra_b = _groups(chosen, sig_a, sig_b)
+    if len(groups) == len(chosen) and not extra_a and not extra_b:
+        return chosen, []
+    kept: List[Tuple[int, int]] = []
+    read = []
+    for s, group in groups.items():
+        ea, eb = extra_a.get(s, []), extra_b.get(s, [])
+        if len(group) < 2 and not ea and not eb:
+            kept += group
+        else:
+            read.append((group, ea, eb))
+    return kept, read
 
 
 def _groups(chosen: List[Tuple[int, int]], sig_a: Sequence, sig_b: Sequence):
@@ -66,14 +89,6 @@ def _groups(chosen: List[Tuple[int, int]], sig_a: Sequence, sig_b: Sequence):
             if y not in used_b and s in groups:
                 extra_b.setdefault(s, []).append(y)
     return groups, extra_a, extra_b
-
-
-def reads_values(chosen: List[Tuple[int, int]], sig_a: Sequence, sig_b: Sequence) -> bool:
-    """False when :func:`tie_break` gives ``chosen`` back without reading a fingerprint
-    (every signature once among the aligned pairs, no unpaired call sharing one): then its
-    answer depends on the signatures and ``chosen`` only."""
-    groups, extra_a, extra_b = _groups(chosen, sig_a, sig_b)
-    return not (len(groups) == len(chosen) and not extra_a and not extra_b)
 
 
 def _with_extras(group, fa, fb, ea, eb) -> List[Tuple[int, int]]:
