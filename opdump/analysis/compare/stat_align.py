@@ -83,6 +83,8 @@ class CallTable:
         order = sel[np.lexsort((key, self.cid[sel]))]
         self.fp = _per_call(order, self.cid, np.asarray(s.fp, dtype=np.int64), n)    # :func:`.match._fingerprint`
         self.unique = self._unique(op_rows, len(io_rank), big)
+        #: rows of each call
+        self.size = np.bincount(codes, minlength=n).tolist()
         self.sigs: Dict[frozenset, List[int]] = {}
         #: per ios, each call's (name, signature) as one int (a plan's key)
         self.keys: Dict[frozenset, np.ndarray] = {}

@@ -161,6 +161,7 @@ def sides_of(sa, sb) -> Optional[Tuple[ColumnSide, ColumnSide]]:
         io_rank = {x: k for k, x in enumerate(sorted(set(A.io) | set(B.io)))}
         rank_of_code = np.asarray([io_rank[x] for x in codes["io"]], dtype=np.int64)   # (codes: first seen order)
         A.io_ranks, B.io_ranks = rank_of_code[A.io_code], rank_of_code[B.io_code]
+        A.io_names = B.io_names = list(codes["io"])
         big = max(A.slot + B.slot, default=0) + 1
         op_codes: Dict[str, int] = {}
         A.calls, B.calls = CallTable(A, io_rank, big, op_codes), CallTable(B, io_rank, big, op_codes)
@@ -202,8 +203,24 @@ def _signature(s: ColumnSide, rows: List[int], ios: frozenset, sig_codes: Dict[t
     else:
         keep = [k for k in rows if io[k] in ios and not (io[k] == "output" and slot[k] >= cut)]
     keep.sort(key=lambda k: (io[k], slot[k]))
-    key = (canonical_type(base),) + tuple([tsig[k] for k in keep])
+    # (the key :meth:`.stat_align.CallTable.signatures` gives a call all of whose rows are free)
+    key = (canonical_type(base), np.asarray([tsig[k] for k in keep], dtype=np.int64).tobytes())
     return sig_codes.setdefault(key, len(sig_codes))
+
+
+def _signatures(s: ColumnSide, calls: List[List[int]], ios: frozenset, sig_codes: Dict[tuple, int]) -> List[int]:
+    """:func:`_signature` of each call (its free rows): a call all of whose rows are free
+    takes its code from the call table when the aligned stage worked it out."""
+    t = s.calls
+    whole = t.sigs.get(ios) if t.unique else None
+    if whole is None:
+        return [_signature(s, c, ios, sig_codes) for c in calls]
+    cid, size = t.cid, t.size
+    out = []
+    for c in calls:
+        k = cid[c[0]]
+        out.append(whole[k] if size[k] == len(c) else _signature(s, c, ios, sig_codes))
+    return out
 
 
 def _fingerprint(s: ColumnSide, rows: List[int]) -> tuple:
@@ -218,7 +235,9 @@ class _Matching:
 
     def __init__(self, A: ColumnSide, B: ColumnSide, ra: List[int], rb: List[int]):
         self.A, self.B, self.ra, self.rb = A, B, ra, rb
-        self.ios = frozenset(map(A.io.__getitem__, ra)) & frozenset(map(B.io.__getitem__, rb))
+        names = A.io_names                                # (io codes: one table for both sides)
+        self.ios = (frozenset([names[c] for c in np.unique(A.io_code[np.asarray(ra, dtype=np.int64)]).tolist()])
+                    & frozenset([names[c] for c in np.unique(B.io_code[np.asarray(rb, dtype=np.int64)]).tolist()]))
         self.pairs: List[RowPair] = []
         #: pairs made in bulk (:func:`.stat_align._take`): (A rows, B rows, rules) arrays
         self.bulk: List[Tuple[np.ndarray, np.ndarray, np.ndarray]] = []
@@ -312,10 +331,10 @@ def _unique_signature(m: _Matching, sig_codes: Dict[tuple, int]) -> None:
     for ca, cb in _scope_calls(m):
         count_a: Dict[int, List[int]] = {}
         count_b: Dict[int, List[int]] = {}
-        for x, c in enumerate(ca):
-            count_a.setdefault(_signature(A, c, ios, sig_codes), []).append(x)
-        for y, c in enumerate(cb):
-            count_b.setdefault(_signature(B, c, ios, sig_codes), []).append(y)
+        for x, sig in enumerate(_signatures(A, ca, ios, sig_codes)):
+            count_a.setdefault(sig, []).append(x)
+        for y, sig in enumerate(_signatures(B, cb, ios, sig_codes)):
+            count_b.setdefault(sig, []).append(y)
         for sig, xs in count_a.items():
             ys = count_b.get(sig, [])
             if len(xs) != 1 or len(ys) != 1:
