@@ -287,3 +287,33 @@ def test_repeated_iterations_tie_break_by_their_own_values(calls, seed, n_its):
     it_pairs = _iteration_pairs(tensors_of_records(ra), tensors_of_records(rb), None)
     got = match_rank(*sides_of(ra, rb), it_pairs)
     assert sorted(got, key=_key) == sorted(_object_pairs(ra, rb, it_pairs), key=_key)
+
+
+def _with_duplicates(rec: pd.DataFrame, rng: random.Random) -> pd.DataFrame:
+    """``rec`` with a few operator rows written twice (a call holding two tensors of one io
+    and slot), each copy right after its row, ``order`` renumbered."""
+    ops = rec.index[rec["kind"] == "op"].tolist()
+    dup = set(rng.sample(ops, min(len(ops), 2)))
+    rows = [k for i in rec.index for k in ([i, i] if i in dup else [i])]
+    out = rec.loc[rows].reset_index(drop=True)
+    out["order"] = range(len(out))
+    return out
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(call_st, min_size=1, max_size=25), st.integers(0, 10 ** 6), st.booleans())
+def test_call_by_call_stage_is_the_object_matcher(calls, seed, dup_in_b):
+    """A call holding two rows of one io and slot sends the aligned stage call by call
+    (stat_match._aligned, not stat_align's passes): same pairs as the object matcher."""
+    rng = random.Random(seed)
+    ra = _frame({0: calls, 1: _reseed(rng, calls)}, [("w0", 1, 0)], [])
+    b_calls = _edit(rng, calls)
+    rb = _frame({0: b_calls, 1: _reseed(rng, b_calls)}, [("w0", 1, 0)], [])
+    if dup_in_b:
+        rb = _with_duplicates(rb, rng)
+    else:
+        ra = _with_duplicates(ra, rng)
+    sides = sides_of(ra, rb)
+    assert not (sides[0].calls.unique and sides[1].calls.unique)
+    it_pairs = _iteration_pairs(tensors_of_records(ra), tensors_of_records(rb), None)
+    assert sorted(match_rank(*sides, it_pairs), key=_key) == sorted(_object_pairs(ra, rb, it_pairs), key=_key)
