@@ -46,14 +46,15 @@ def _unquote(text: str) -> Optional[str]:
     if len(parts) % 2 == 0:
         return None
     inside, outside = parts[1::2], parts[0::2]
-    if "\n" in _JOIN.join(inside):
+    joined = _JOIN.join(inside)
+    if "\n" in joined:
         return None
     head, tail, mids = outside[0], outside[-1], outside[1:-1]
     if head and not head.endswith(_ENDS) or tail and not tail.startswith(_ENDS):
         return None
     if not (all(map(str.startswith, mids, repeat(_ENDS))) and all(map(str.endswith, mids, repeat(_ENDS)))):
         return None
-    parts[1::2] = _JOIN.join(inside).replace(",", _COMMA_IN_QUOTES).split(_JOIN)
+    parts[1::2] = joined.replace(",", _COMMA_IN_QUOTES).split(_JOIN)
     return "".join(parts)
 
 
