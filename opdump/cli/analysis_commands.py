@@ -6,7 +6,8 @@ returns the exit code:
 * ``ls``: 0, 2 on error (an empty dump: nothing to analyse).
 * ``locate``: 0 operators found, 1 none, 2 error (an empty dump: nothing to analyse).
 * ``overflow``: 0 no NaN/Inf found, 1 found, 2 error (nothing to analyse, or no file readable).
-* ``compare``: 0 no divergence, 1 a diverging operator or parameter, 2 error.
+* ``compare``: 0 no divergence, 1 a diverging operator or parameter, 2 error (no operator of A
+  paired with one of B included: nothing was compared).
 * ``watch``: 0 no hit, 1 hits, 2 error.
 """
 from __future__ import annotations
@@ -251,7 +252,23 @@ def cmd_compare(args) -> int:
             print(f"table: {args.csv}")
         if args.html:
             print(f"report: {args.html}")
+    nothing = _no_operator_paired(res.operators)
+    if nothing:
+        return _err(nothing)
     return 1 if res.diverged else 0
+
+
+def _no_operator_paired(operators) -> str:
+    """Why a compare in which both dumps hold operators but none of A's was paired with one of
+    B's compared nothing operator by operator ("" when some were): exit 2, not a clean 0 --
+    hold-out trial 6 paired a PyTorch dump with a MindSpore one by their parameters only."""
+    a, b = operators.get("calls_a", 0), operators.get("calls_b", 0)
+    if not a or not b or operators.get("matched_a", 0):
+        return ""
+    return (f"no operator of A was paired with one of B ({a} in A, {b} in B): nothing was compared operator "
+            "by operator. A and B come from different programs, or front ends that name operators "
+            "differently (PyTorch and MindSpore: MatMul/BiasAdd vs addmm): pair them with --mapping "
+            "FILE (lines 'A_name,B_name')")
 
 
 def _json_default(o):
