@@ -130,14 +130,18 @@ def _distinct_codes(cells: list) -> np.ndarray:
 
 
 def _int_codes(ints: List[int]) -> np.ndarray:
-    """:func:`_distinct_codes` of a list of ``int``."""
+    """A code from 0 per ``int``, equal exactly where the ints are (each less the smallest
+    when they span under 2**20, else dense codes)."""
     import pandas as pd
-    return pd.factorize(np.asarray(ints, dtype=np.int64))[0].astype(np.int64, copy=False)
+    arr = np.asarray(ints, dtype=np.int64)
+    if len(arr) and int(arr.max()) - int(arr.min()) < 1 << 20:
+        return arr - arr.min()
+    return pd.factorize(arr)[0].astype(np.int64, copy=False)
 
 
 def _call_codes(*codes: np.ndarray) -> np.ndarray:
-    """A code per row, equal exactly where the rows' tuples of ``codes`` (each dense from 0)
-    are: mixed radix, squeezed back to dense codes where it would overflow."""
+    """A code per row, equal exactly where the rows' tuples of ``codes`` (each from 0) are:
+    mixed radix, squeezed back to dense codes where it would overflow."""
     import pandas as pd
     out = np.zeros(len(codes[0]), dtype=np.int64)
     span = 1
