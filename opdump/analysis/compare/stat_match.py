@@ -247,6 +247,8 @@ class _Matching:
         self.bulk: List[Tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self.used_a: set = set()
         self.used_b: set = set()
+        self._free_a: Tuple[int, List[int]] = (0, ra)
+        self._free_b: Tuple[int, List[int]] = (0, rb)
 
     def take(self, i: int, j: int, rule: str) -> None:
         if i in self.used_a or j in self.used_b:
@@ -256,12 +258,18 @@ class _Matching:
         self.used_b.add(j)
 
     def free_a(self) -> List[int]:
-        u = self.used_a
-        return [i for i in self.ra if i not in u]
+        """A's rows not in a pair (a new list only after a pair was made: rows are never
+        freed again)."""
+        if self._free_a[0] != len(self.used_a):
+            u = self.used_a
+            self._free_a = (len(u), [i for i in self.ra if i not in u])
+        return self._free_a[1]
 
     def free_b(self) -> List[int]:
-        u = self.used_b
-        return [j for j in self.rb if j not in u]
+        if self._free_b[0] != len(self.used_b):
+            u = self.used_b
+            self._free_b = (len(u), [j for j in self.rb if j not in u])
+        return self._free_b[1]
 
     def take_calls(self, ia: List[int], ib: List[int], rule: str) -> None:
         """The tensors of two paired calls, by (io, slot), io among both sides' ios."""
