@@ -122,8 +122,7 @@ def watch_scaler_steps(count: Callable[[], int], skipped: Callable[[], None]) ->
     with _scaler_lock:
         if getattr(scaler.step, "opdump_original", None) is None:
             scaler.step = _watched_step(scaler.step)
-        _scaler_watch = (count, skipped)
-    watch = _scaler_watch
+        _scaler_watch = watch = (count, skipped)
 
     def stop() -> None:
         global _scaler_watch
