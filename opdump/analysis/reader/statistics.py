@@ -28,6 +28,7 @@ NUMERIC_STATS = list(NUMERIC_KEYS)
 
 _NUMERIC = frozenset(NUMERIC_KEYS)
 _INT_KEYS = ("task_id", "stream_id", "timestamp", "slot", "data_size")
+_EXACT = 1 << 53            # every int up to this size is a float exactly
 
 
 class _Malformed(Exception):
@@ -249,6 +250,12 @@ def _convert_column(path: Path, header: str, key: str, col: Sequence[str], lines
     """One column's cells converted by the rule of its key (errors appended per row, in
     column order since columns are converted left to right)."""
     if key in _INT_KEYS:
+        try:
+            ints = list(map(int, col))          # int(v) is int(float(v)) where both succeed and
+            if not ints or (max(ints) <= _EXACT and min(ints) >= -_EXACT):   # float(v) is exact
+                return ints
+        except ValueError:                      # "1.0", "1e3", "nan": through float below
+            pass
         try:
             return list(map(int, map(float, col)))
         except (ValueError, OverflowError):
