@@ -376,9 +376,6 @@ def _front_end(m: _Matching) -> List[RowPair]:
 def match_rank(A: ColumnSide, B: ColumnSide, it_pairs) -> List[RowPair]:
     """Every row of A and B (one rank pair) in exactly one pair, iteration pair by iteration
     pair in ``it_pairs`` order, as :func:`.match.match` pairs the tensors of those rows."""
-    from .stat_sides import _positions                  # rows of each iteration, in row order
-    pos_a = {k: v.tolist() for k, v in _positions(A.iteration).items()}
-    pos_b = {k: v.tolist() for k, v in _positions(B.iteration).items()}
     out: List[RowPair] = []
     for ai, bi, rules in _rank_parts(A, B, it_pairs):
         out += [(None if i < 0 else i, None if j < 0 else j, r) for i, j, r in zip(ai.tolist(), bi.tolist(), rules)]

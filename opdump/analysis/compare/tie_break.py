@@ -24,16 +24,12 @@ def tie_break(chosen: List[Tuple[int, int]], sig_a: Sequence, sig_b: Sequence,
     fingerprints are equal are kept; every other call of that signature, aligned or not,
     takes in order the first call of the other side with an equal fingerprint; the aligned
     pairs left whole are kept.  An unknown fingerprint keeps the aligned pairs as they are."""
-    groups, extra_a, extra_b = _groups(chosen, sig_a, sig_b)
-    if len(groups) == len(chosen) and not extra_a and not extra_b:
+    parts = _by_signature(chosen, sig_a, sig_b)
+    if parts is None:
         return chosen
     out: List[Tuple[int, int]] = []
-    for s, group in groups.items():
-        ea, eb = extra_a.get(s, []), extra_b.get(s, [])
-        if len(group) < 2 and not ea and not eb:
-            out += group
-        else:
-            out += by_values(group, ea, eb, fp_a, fp_b)
+    for group, ea, eb, reads in parts:
+        out += by_values(group, ea, eb, fp_a, fp_b) if reads else group
     return out
 
 
@@ -58,23 +54,24 @@ def value_groups(chosen: List[Tuple[int, int]], sig_a: Sequence, sig_b: Sequence
     fingerprints, and the ``(group, ea, eb)`` of each signature whose pairs it works out by
     :func:`by_values`; its answer is ``kept`` and those pairs (in another order).  Depends
     on the signatures and ``chosen`` only."""
-    groups, extra_a, extra_b = _groups(chosen, sig_a, sig_b)
-    if len(groups) == len(chosen) and not extra_a and not extra_b:
+    parts = _by_signature(chosen, sig_a, sig_b)
+    if parts is None:
         return chosen, []
     kept: List[Tuple[int, int]] = []
     read = []
-    for s, group in groups.items():
-        ea, eb = extra_a.get(s, []), extra_b.get(s, [])
-        if len(group) < 2 and not ea and not eb:
-            kept += group
-        else:
+    for group, ea, eb, reads in parts:
+        if reads:
             read.append((group, ea, eb))
+        else:
+            kept += group
     return kept, read
 
 
-def _groups(chosen: List[Tuple[int, int]], sig_a: Sequence, sig_b: Sequence):
-    """``chosen`` by signature, and per signature the calls of A and of B the alignment left
-    unpaired (only signatures ``chosen`` holds; none without ``sig_b``)."""
+def _by_signature(chosen: List[Tuple[int, int]], sig_a: Sequence, sig_b: Sequence):
+    """Per signature of ``chosen`` (first seen first): its aligned pairs, the calls of A and
+    of B the alignment left unpaired that share it (none without ``sig_b``), and whether
+    :func:`by_values` has to work its pairs out (two pairs or more, or such a call); None
+    when no signature has to."""
     groups: Dict[Any, List[Tuple[int, int]]] = {}
     for x, y in chosen:
         groups.setdefault(sig_a[x], []).append((x, y))
@@ -88,7 +85,13 @@ def _groups(chosen: List[Tuple[int, int]], sig_a: Sequence, sig_b: Sequence):
         for y, s in enumerate(sig_b):
             if y not in used_b and s in groups:
                 extra_b.setdefault(s, []).append(y)
-    return groups, extra_a, extra_b
+    if len(groups) == len(chosen) and not extra_a and not extra_b:
+        return None
+    out = []
+    for s, group in groups.items():
+        ea, eb = extra_a.get(s, []), extra_b.get(s, [])
+        out.append((group, ea, eb, len(group) >= 2 or bool(ea) or bool(eb)))
+    return out
 
 
 def _with_extras(group, fa, fb, ea, eb) -> List[Tuple[int, int]]:
