@@ -4,10 +4,11 @@ Why a mode at all: torch's C++ takes other branches while any dispatch mode is a
 (``isTensorSubclassLike``: ``linear`` adds its bias out of place, ``reshape`` is a ``view``,
 autograd sums gradients out of place…), so the Python capture's operators are those of a
 program running under a mode.  With this mode on the stack and the thread's Python dispatch
-keys off, torch takes the same branches at C++ speed and no operator reaches Python, except
-the ``detach`` autograd makes of a saved output under any mode (forwarded; the Python capture
-drops it, dispatch.observation_only) and the one operator after it (observer.cpp,
-python_keys_off).
+keys off, torch takes the same branches at C++ speed and no operator reaches the mode, except
+the ``detach`` autograd makes of a saved output under any mode (the Python capture drops it,
+dispatch.observation_only) and the one operator after it (observer.cpp, python_keys_off): the
+mode's ``__torch_dispatch__`` (the observer's C++ ``inert_dispatch``) forwards both to their C++
+operators with no Python frame.
 """
 from __future__ import annotations
 
