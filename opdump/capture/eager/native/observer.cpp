@@ -44,6 +44,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <limits>
+#include <optional>
 
 namespace opdump {
 namespace eager_observer {
@@ -157,16 +158,18 @@ inline void include_python(Ctx* c) {
   }
 }
 
-// op_debug_mode 3 (watch.h), at a captured operator's start (GIL held): keep its inputs, copy
-// what it writes unless Python's rule says it cannot be an origin
+// op_debug_mode 3 (watch.h), at a captured operator's start (GIL not needed: decide and prove
+// take it to call Python): keep its inputs, copy what it writes unless Python's rule says it
+// cannot be an origin
 void watch_start(const at::RecordFunction& fn, Ctx* c, c10::ArrayRef<c10::IValue> inputs) {
   opdump::watch::InFlight& w = c->watch;
-  if (opdump::watch::always_python(c->ov->op_type_s)) {
+  w.kind = opdump::watch::decide(c->ov, c->ov->op_type_s, fn.name(), fn.overload_name(), inputs,
+                                 [&] { return python_args(fn, inputs); });
+  if (w.kind & opdump::watch::kPython) {
+    w.kind = 0;
     w.to_python = true;
-  } else {
-    w.kind = opdump::watch::decide(c->ov, fn.name(), fn.overload_name(), inputs,
-                                   [&] { return python_args(fn, inputs); });
-    if (w.kind & opdump::watch::kPreserving) w.inputs_known = opdump::watch::inputs_finite(inputs);
+  } else if (w.kind & opdump::watch::kPreserving) {
+    w.inputs_known = opdump::watch::inputs_finite(inputs);
   }
   bool copy = !c->written.empty() && (w.kind & opdump::watch::kCopy);
   if (copy && (w.kind & opdump::watch::kBounded)) {    // proven finite before the write: no copy
@@ -300,15 +303,29 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     if (!ov->is_op) {
       return;
     }
-    py::gil_scoped_acquire gil;
-    if (!bound()) {
-      return;
+    // the watch's served iteration (no rows) takes the GIL only where Python is called: the
+    // iteration's binding, a new name, a new operator's description, a rule asked (watch_start).
+    // Why: a forward operator called from Python runs with the GIL released, so holding it here
+    // costs a hand-over per operator (and one to the writer thread waiting on it)
+    std::optional<py::gil_scoped_acquire> gil;
+    if (!g->watch || g->probe) gil.emplace();
+    if (!g->rows || g->rows.is_none()) {     // bound()'s own test, without the GIL
+      if (!gil) gil.emplace();
+      if (!bound()) {
+        return;
+      }
     }
     ctx->captured = true;
     ctx->phase = static_cast<int>(phase);
     ctx->scope = scope;
     ctx->index = g->index++;
-    NameSlot& slot = name_slot(scope, ov, ctx->index);
+    NameSlot* known = nullptr;      // the index's name, made in an earlier iteration and listed
+    if (static_cast<size_t>(ctx->index) < g->name_cache.size()) {
+      NameSlot& s = g->name_cache[static_cast<size_t>(ctx->index)];
+      if (s.scope == scope && s.ov == ov && s.pyname && s.listed) known = &s;
+    }
+    if (known == nullptr && !gil) gil.emplace();
+    NameSlot& slot = known != nullptr ? *known : name_slot(scope, ov, ctx->index);
     const std::string& name = slot.name;
     if (!slot.listed) slot.listed = g->listed.count(name) > 0;
     const bool listed = slot.listed;
@@ -321,10 +338,10 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
         }
       }
     }
-    g->names.append(slot.pyname);
-    g->all_names.push_back(slot.pyname);
+    // its name is name_cache[index]'s until the iteration ends: pause() hands them over
     if (!g->watch) ctx->name = slot.pyname;    // the watch takes it from name_cache when it needs it
     if (!listed && !g->probe) {
+      if (!gil) gil.emplace();
       py::list args = python_args(fn, inputs);
       py::object var = py::none();
       if (node) {
@@ -334,7 +351,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
       }
       ctx->describe = g->describe_start_cb(ctx->index, ov->op_type, py::str(fn.overload_name()),
                                            py::str(g->scopes[scope]), static_cast<int>(phase),
-                                           forward_index >= 0 ? g->all_names[forward_index]
+                                           forward_index >= 0 ? g->name_cache[static_cast<size_t>(forward_index)].pyname
                                                               : py::object(py::none()),
                                            var, py::str(fn.name()), args);
       g->listed.insert(name);

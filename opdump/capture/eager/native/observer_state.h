@@ -124,11 +124,10 @@ struct State {
   int module_scope = -1, optimizer_scope = -1;
   std::unordered_map<int64_t, std::pair<int, int64_t>> seq;   // seq nr -> (forward scope, forward index)
   std::vector<int> gradient_of;  // scope id -> id of "Gradients/<scope>" (-1: not yet)
-  std::vector<py::object> all_names;                           // this iteration's names so far (Python str)
   std::unordered_map<const c10::TensorImpl*, int> owners;   // parameter -> scope (this iteration)
   std::unordered_set<std::string> listed;
   int64_t index = 0;
-  py::list names;                // names since the last pause (Python str)
+  int64_t names_from = 0;        // the first operator index whose name pause() has not handed over
   std::vector<NameSlot> name_cache;   // per operator index (see NameSlot)
   std::vector<std::string> nonfinite;                          // listed operators seen with an Inf/NaN scalar
   std::unordered_map<std::pair<const void*, const void*>, std::unique_ptr<Overload>, PairHash> overloads;

@@ -197,7 +197,9 @@ void configure(py::object kind_cb, py::object bound_cb, py::object add_cb, const
   s->kind_cb = std::move(kind_cb);
   s->bound_cb = std::move(bound_cb);
   s->add_cb = std::move(add_cb);
-  s->to_python = std::unordered_set<std::string>(to_python.begin(), to_python.end());
+  std::unordered_set<std::string> types(to_python.begin(), to_python.end());
+  if (types != s->to_python) s->decisions.clear();      // they hold kPython
+  s->to_python = std::move(types);
   // the decisions are kept: they depend on the overload (the observer's, never freed) and the
   // numbers alone, and a capture started again (each step, in the bench) would ask them again
   s->known.clear();
@@ -250,6 +252,7 @@ bool prove(InFlight& op, const char* qualname, const char* overload_name, c10::A
     mark(t, value, is_signed ? -value : 0.0);
     if (known_of(t) == nullptr) return false;
   }
+  py::gil_scoped_acquire gil;
   py::list items;
   for (const auto& o : outs)
     items.append(o ? py::reinterpret_steal<py::object>(THPVariable_Wrap(*o)) : py::none());
@@ -270,16 +273,16 @@ void clear() {
   }
 }
 
-bool always_python(const std::string& op_type) { return s->to_python.count(op_type) > 0; }
-
-int decide(const void* overload, const char* qualname, const char* overload_name,
+int decide(const void* overload, const std::string& op_type, const char* qualname, const char* overload_name,
            c10::ArrayRef<c10::IValue> inputs, const std::function<py::list()>& values) {
   std::string key;
   put(key, &overload, sizeof overload);
   for (size_t i = 0; i < inputs.size(); ++i) key_of(key, inputs[i], i);
   auto it = s->decisions.find(key);
   if (it != s->decisions.end()) return it->second;
-  const int kind = s->kind_cb(py::str(qualname), py::str(overload_name), values()).cast<int>();
+  py::gil_scoped_acquire gil;
+  const int kind = s->to_python.count(op_type) ? kPython
+                                               : s->kind_cb(py::str(qualname), py::str(overload_name), values()).cast<int>();
   if (s->decisions.size() > 4096) s->decisions.clear();    // numbers that change every step: bounded
   s->decisions.emplace(std::move(key), kind);
   return kind;

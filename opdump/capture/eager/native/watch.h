@@ -46,7 +46,7 @@ struct InFlight {
   double b = 0.0, l = 0.0;
 };
 
-constexpr int kCopy = 1, kPreserving = 2, kAlways = 4, kBounded = 8;
+constexpr int kCopy = 1, kPreserving = 2, kAlways = 4, kBounded = 8, kPython = 16;
 // prove() asks Python only for this many elements: an in-place operator's written tensors (the
 // copy and the reading it saves), other operators' outputs (the reading it saves)
 constexpr int64_t kProveWritten = 8192, kProveOutputs = int64_t(1) << 17;
@@ -56,11 +56,10 @@ constexpr int64_t kProveWritten = 8192, kProveOutputs = int64_t(1) << 17;
 // add_cb(index, name, qualname, overload, values, saved inputs, outputs, copies)
 void configure(pybind11::object kind_cb, pybind11::object bound_cb, pybind11::object add_cb, const std::vector<std::string>& to_python);
 void clear();
-// an operator type always handed to Python (its outputs are uninitialized memory)
-bool always_python(const std::string& op_type);
-// the kind bits of an operator call (GIL held; `values` builds the arguments as a dispatch mode
-// receives them, on a cache miss)
-int decide(const void* overload, const char* qualname, const char* overload_name,
+// the kind bits of an operator call, kPython for an operator type always handed to Python (its
+// outputs are uninitialized memory); on a cache miss the GIL is taken and `values` builds the
+// arguments as a dispatch mode receives them
+int decide(const void* overload, const std::string& op_type, const char* qualname, const char* overload_name,
            c10::ArrayRef<c10::IValue> inputs, const std::function<pybind11::list()>& values);
 // every floating tensor among `inputs` known finite (see above)
 bool inputs_finite(c10::ArrayRef<c10::IValue> inputs);
@@ -69,8 +68,8 @@ bool inputs_finite(c10::ArrayRef<c10::IValue> inputs);
 void known_outputs(const std::vector<c10::optional<at::Tensor>>& outs, double b, double l);
 // the facts of a tensor known finite, (B, L), or None (opdump.debug.overflow_bounds asks)
 pybind11::object facts(const at::Tensor& t);
-// kBounded: do the magnitude rules prove `outs` finite from the inputs' known facts?  (GIL held;
-// asked only for enough elements and when every floating input's facts are known)
+// kBounded: do the magnitude rules prove `outs` finite from the inputs' known facts?  (asked only
+// for enough elements and when every floating input's facts are known; the GIL is taken to ask)
 bool prove(InFlight& op, const char* qualname, const char* overload_name, c10::ArrayRef<c10::IValue> inputs,
            const std::vector<c10::optional<at::Tensor>>& outs, const std::function<pybind11::list()>& values);
 // a new iteration: what was known is forgotten
