@@ -25,7 +25,7 @@ from opdump.recorder import core, rows as row_text
 from opdump.stats import native
 from test_graph_native_taps_fast import _Recorder, _Runtime, _tensors
 
-pytestmark = pytest.mark.skipif(getattr(native.module(), "RowBatch", None) is None,
+pytestmark = pytest.mark.skipif(native.module() is None,
                                 reason="the native module is not built here (OPDUMP_CPU_KERNEL=0 or no compiler)")
 
 _TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -72,14 +72,14 @@ def test_a_row_batch_reads_as_the_list_of_its_rows():
     assert strip == [r[:TIMESTAMP] + r[TIMESTAMP + 1:] for r in plain]
     assert all(type(r) is tuple and not gc.is_tracked(r) for r in rows)
     assert [r[TIMESTAMP] for r in rows] == sorted(r[TIMESTAMP] for r in rows)
-    assert batch[0] == rows[0] and batch[-1] == rows[-1]  # and batch[2:5] == rows[2:5]  SLICE-TMP
+    assert batch[0] == rows[0] and batch[-1] == rows[-1] and batch[2:5] == rows[2:5]
     with pytest.raises(IndexError):
         batch[7]
     # rows from Python are kept as they are, in order
     extra = ("Mul", "Default/Mul-op9", 0, 5, "output", 0, 4, torch.float32, "(1)", None, None)
     batch.append(extra)
     batch += [extra, extra]
-    assert len(batch) == 10 and batch[7] is extra and list(batch)[:7] == rows
+    assert len(batch) == 10 and batch[7] is extra and list(batch)[:7] == rows and batch.records == 7
     with pytest.raises(TypeError):
         batch.append([1, 2])
 
@@ -115,6 +115,8 @@ def _check(seen, batches_expected):
     assert seen
     kinds = {type(b).__name__ for _, b, _ in seen}
     assert kinds == ({"RowBatch"} if batches_expected else {"list"}), kinds
+    if batches_expected:                # records made natively, not tuples appended
+        assert all(b.records > 0 for _, b, _ in seen)
     for stats, batch, cells in seen:
         rows = list(batch)
         text = row_text.encode_batch(stats, batch, cells)
@@ -193,3 +195,31 @@ def test_graph_rows_are_written_as_today(tmp_path, written, mode, categories, ba
     finally:
         torch._dynamo.reset()
     _check(written, batches)
+
+
+def test_parameter_and_operator_rows_of_the_row_sink_are_records(tmp_path, monkeypatch):
+    """Recorder.record_parameters / record_all's native sink (RowSink.record_into): the rows, their
+    statistics and the batch entries of the list path, appended as records."""
+    import test_parameter_rows
+    batches = test_parameter_rows._record(tmp_path / "batch", True, monkeypatch)
+    monkeypatch.setattr(core, "_ROW_BATCH", False)
+    lists = test_parameter_rows._record(tmp_path / "list", True, monkeypatch)
+    assert batches == lists
+
+    cfg = DumpConfig(path=str(tmp_path / "ops"), saved_data="statistic", stat_calc_mode="device")
+    with opdump.Session(cfg) as session:
+        rec = session.recorder
+        sink = rec._native_sink()
+        batch, plain = rec._new_rows(), []
+        g = torch.Generator().manual_seed(1)
+        a, b = torch.randn(3, 4, generator=g), torch.randn(2, generator=g)
+        for rows in (batch, plain):      # the second time the memo gives the handles of the first
+            assert sink.record(rows, "Add", "Default/Add-op0", "input", 100, (a, None, b, a.t())) == 3
+        assert list(batch) == plain and batch.records == 3
+        assert sink.record(batch, "Parameter", ["w", "v"], "output", 200, (b, a)) == 2
+        made = list(batch)
+        assert [r[1] for r in made] == ["Default/Add-op0"] * 3 + ["w", "v"] and batch.records == 5
+        assert [r[3] for r in made] == [100, 102, 103, 200, 201] and [r[5] for r in made] == [0, 2, 3, 0, 0]
+        assert [r[9] for r in made[3:]] == [made[1][9], made[0][9]]      # b and a: read once
+        rec._pending.clear()
+        rec.stats.device_gather()

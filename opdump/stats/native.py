@@ -2,7 +2,8 @@
 
 The module (``native_module.cpp`` and the parts it exports: ``cpu_kernel.cpp``'s one-pass
 CPU statistics ``fused_stats`` and ``host_stats``, ``cell_text.cpp``'s ``format_cells``, ``stats_memo.cpp``'s
-``StatsMemo``, ``row_sink.cpp``'s ``RowSink``, ``finite_bound.cpp``'s ``finite_bound``, the overflow
+``StatsMemo``, ``row_sink.cpp``'s ``RowSink``, ``GraphTaps`` and ``RowBatch`` (``row_batch.h``: queued
+statistic.csv rows as C++ records), ``finite_bound.cpp``'s ``finite_bound``, the overflow
 watch's reading) is optional: every use of it has an exact
 Python/torch twin, taken when :func:`module` is None.
 

@@ -90,6 +90,11 @@ class RowBatch {
 
   size_t size() const { return rows_.size(); }
   const RowRecord& at(size_t i) const { return rows_[i]; }
+  size_t records() const {
+    size_t n = 0;
+    for (const RowRecord& r : rows_) n += r.tuple == nullptr;
+    return n;
+  }
 
   // a native record; every object borrowed (a reference is taken)
   void add(PyObject* op_type, PyObject* name, PyObject* io, int64_t ts, int64_t slot, const ShapeText& shape,

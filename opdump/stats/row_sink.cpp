@@ -52,16 +52,78 @@ class RowSink {
     py::object seq = py::reinterpret_steal<py::object>(PySequence_Fast(tensors.ptr(), "tensors must be a sequence"));
     if (!seq) throw py::error_already_set();
     const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.ptr());
-    PyObject* param = parameter_type_.ptr();
-    for (Py_ssize_t k = 0; k < n; ++k) {     // first: is every element one this path takes?
+    if (!takes_all(seq, n)) return py::none();     // first: is every element one this path takes?
+    return rows_of(seq, n, base, op_type, name, io, ts);
+  }
+
+  // record()'s rows appended to `batch` (a RowBatch) as records; `names` a str (the operator's
+  // name: row k at slot k) or a sequence of one name per tensor (parameters: row k named
+  // names[k], at slot 0).  (count, entries, dtypes), or None having changed nothing.
+  py::object record_into(py::object batch_obj, int64_t base, py::object op_type, py::object names, py::object io,
+                         int64_t ts, py::object tensors) {
+    RowBatch* batch = opdump::row_batch_of(batch_obj.ptr());
+    if (batch == nullptr) throw py::type_error("RowSink.record_into: a RowBatch");
+    py::object seq = py::reinterpret_steal<py::object>(PySequence_Fast(tensors.ptr(), "tensors must be a sequence"));
+    if (!seq) throw py::error_already_set();
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.ptr());
+    py::object name_seq;
+    if (!PyUnicode_Check(names.ptr())) {
+      name_seq = py::reinterpret_steal<py::object>(PySequence_Fast(names.ptr(), "names must be a str or a sequence"));
+      if (!name_seq) throw py::error_already_set();
+      if (PySequence_Fast_GET_SIZE(name_seq.ptr()) != n) throw py::value_error("RowSink.record_into: one name per tensor");
+    }
+    if (!takes_all(seq, n)) return py::none();
+    py::list entries, dtypes;
+    std::vector<ShapeText> shape(1);
+    int64_t count = 0;
+    for (Py_ssize_t k = 0; k < n; ++k) {
       PyObject* item = PySequence_Fast_GET_ITEM(seq.ptr(), k);
       if (item == Py_None) continue;
-      if (!THPVariable_CheckExact(item) && reinterpret_cast<PyObject*>(Py_TYPE(item)) != param) return py::none();
+      const at::Tensor& t = THPVariable_Unpack(item);
+      PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()));   // borrowed
+      const int64_t h = handle_of(t, base, entries, dtypes, dtype);
+      PyObject* name = name_seq ? PySequence_Fast_GET_ITEM(name_seq.ptr(), k) : names.ptr();
+      batch->add(op_type.ptr(), name, io.ptr(), ts + k, name_seq ? 0 : k, opdump::shape_of(shape, 0, t), dtype, h);
+      ++count;
+    }
+    return py::make_tuple(count, entries, dtypes);
+  }
+
+ private:
+  // is every element one this path takes (None, or a CPU strided Tensor/Parameter the memo reads)?
+  bool takes_all(const py::object& seq, Py_ssize_t n) const {
+    PyObject* param = parameter_type_.ptr();
+    for (Py_ssize_t k = 0; k < n; ++k) {
+      PyObject* item = PySequence_Fast_GET_ITEM(seq.ptr(), k);
+      if (item == Py_None) continue;
+      if (!THPVariable_CheckExact(item) && reinterpret_cast<PyObject*>(Py_TYPE(item)) != param) return false;
       const at::Tensor& t = THPVariable_Unpack(item);
       if (!t.defined() || t.layout() != at::kStrided || !t.device().is_cpu() || !opdump::StatsMemo::takes(t)) {
-        return py::none();
+        return false;
       }
     }
+    return true;
+  }
+
+  // the statistics handle of `t`: the memo's entry for memory already read, or base + j for the
+  // j-th tensor read now (its fused tuple appended to `entries`, its dtype to `dtypes`)
+  int64_t handle_of(const at::Tensor& t, int64_t base, py::list& entries, py::list& dtypes, PyObject* dtype) {
+    const int64_t index = base + static_cast<int64_t>(PyList_GET_SIZE(entries.ptr()));
+    py::object handle = memo_->stats(t, index);
+    if (handle.is_none()) throw std::logic_error("RowSink: the memo declined a tensor it takes");
+    if (!PyLong_Check(handle.ptr())) {      // read now: a new entry of the batch
+      if (PyList_Append(entries.ptr(), handle.ptr()) < 0 || PyList_Append(dtypes.ptr(), dtype) < 0) {
+        throw py::error_already_set();
+      }
+      return index;
+    }
+    const long long h = PyLong_AsLongLong(handle.ptr());
+    if (h == -1 && PyErr_Occurred()) throw py::error_already_set();
+    return h;
+  }
+
+  py::object rows_of(const py::object& seq, Py_ssize_t n, int64_t base, const py::object& op_type,
+                     const py::object& name, const py::object& io, int64_t ts) {
     py::list rows, entries, dtypes;
     py::int_ zero(0);
     py::none none;
@@ -70,14 +132,7 @@ class RowSink {
       if (item == Py_None) continue;
       const at::Tensor& t = THPVariable_Unpack(item);
       py::object dtype = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type())));
-      const int64_t index = base + static_cast<int64_t>(py::len(entries));
-      py::object handle = memo_->stats(t, index);
-      if (handle.is_none()) throw std::logic_error("RowSink: the memo declined a tensor it takes");
-      if (!PyLong_Check(handle.ptr())) {      // read now: a new entry of the batch
-        entries.append(handle);
-        dtypes.append(dtype);
-        handle = py::int_(index);
-      }
+      py::object handle = py::int_(handle_of(t, base, entries, dtypes, dtype.ptr()));
       const int64_t slot = static_cast<int64_t>(k);
       py::tuple row(static_cast<size_t>(kRowFields));
       row[static_cast<size_t>(kRowOpType)] = op_type;
@@ -96,7 +151,6 @@ class RowSink {
     return py::make_tuple(rows, entries, dtypes);
   }
 
- private:
   py::object memo_obj_;            // keeps memo_ alive
   opdump::StatsMemo* memo_;
   py::object parameter_type_;
@@ -552,7 +606,10 @@ void register_row_batch(py::module& m) {
       .def("__len__", &RowBatch::size)
       .def("__bool__", [](const RowBatch& b) { return b.size() > 0; })
       .def("__getitem__", [index_of](const RowBatch& b, Py_ssize_t i) { return b.row(index_of(b, i)); })
-      .def("__getitem__", [rows_list](const RowBatch& b, const py::slice& s) { return rows_list(b)[s]; })
+      .def("__getitem__", [rows_list](const RowBatch& b, const py::slice& s) {
+             py::list all = rows_list(b);
+             return py::object(all[s]);
+           })
       .def("__iter__", [rows_list](const RowBatch& b) { return py::iter(rows_list(b)); })
       .def("append", [](RowBatch& b, const py::tuple& row) { b.add_tuple(row.ptr()); }, "a row tuple, at the end")
       .def("extend", extend, "row tuples, at the end")
@@ -560,6 +617,7 @@ void register_row_batch(py::module& m) {
              extend(self.cast<RowBatch&>(), rows);
              return self;
            })
+      .def_property_readonly("records", &RowBatch::records, "how many rows are native records (not tuples)")
       .def("clear", &RowBatch::clear)
       .def("rows", rows_list, "every row as its tuple (a new list)");
 }
@@ -580,7 +638,11 @@ void register_row_sink(py::module& m) {
       .def("record", &RowSink::record, py::arg("base"), py::arg("op_type"), py::arg("name"), py::arg("io"),
            py::arg("ts"), py::arg("tensors"),
            "(rows, entries, dtypes) of `tensors`, new lists, entries numbered from `base`; or None (nothing "
-           "changed) when an element needs the Python path");
+           "changed) when an element needs the Python path")
+      .def("record_into", &RowSink::record_into, py::arg("batch"), py::arg("base"), py::arg("op_type"),
+           py::arg("names"), py::arg("io"), py::arg("ts"), py::arg("tensors"),
+           "record()'s rows appended to the RowBatch `batch` as records (`names`: the operator's name, or one "
+           "name per tensor, each at slot 0): (count, entries, dtypes), or None (nothing changed)");
 
   py::class_<GraphTaps> taps(m, "GraphTaps");
   taps.def(py::init<py::object, py::list, py::list, py::object, py::list, py::object, py::object>(),
