@@ -4,10 +4,11 @@ them (cell_text.cpp ``encode_rows``), and whoever reads rows gets the tuples a l
 
 What is proven here: a RowBatch reads as the list of the same row tuples (index, slice,
 iteration, appends from Python kept in order); on real dumps -- eager (the native observer) and
-compiled (the native graph taps), device and host statistics, several statistic column sets -- every batch
-the writer is given is a RowBatch whose statistic.csv bytes are those the list of its tuples gives
-through the native encoder and through the Python path (today's paths); host statistics and
-host statistics with md5, and column sets the native memo does not give, keep the list.
+compiled (the native graph taps), device and host statistics, several statistic column sets --
+every batch the writer is given is a RowBatch holding records whose statistic.csv bytes are those
+the list of its tuples gives through the native encoder and through the Python path (today's
+paths); md5 and the column sets the native memo does not give keep the list; the row sink's
+operator and parameter rows as records are the list path's.
 """
 import gc
 import os
