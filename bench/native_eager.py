@@ -36,6 +36,7 @@ SKIP = 3
 
 
 _THREAD = []     # the main thread's CPU times of the last _timed call
+_WRITER = []     # per dumped run, the writer threads' CPU seconds per timed step (statistic.csv text)
 
 
 def _timed(step, n):
@@ -74,8 +75,12 @@ def _dumped(make, n, native_on):
         with opdump.Session(cfg) as session, EagerCapture(session) as cap:
             for _ in range(SKIP):
                 wl.step()
+            session.writer.flush()
+            w0 = session.writer.thread_cpu()
             result = _timed(wl.step, n)
             live = cap._native_live
+            session.writer.flush()
+            _WRITER.append((session.writer.thread_cpu() - w0) / n)
         return result + (live,)
     finally:
         os.environ.pop("OPDUMP_NATIVE_EAGER", None)
@@ -92,11 +97,14 @@ def measure(quick: bool, steps: int, only=("alexnet", "transformer", "decoder"),
         make = (lambda name=name: getattr(models, name)(quick=quick))
         load0 = os.getloadavg()[0]
         runs = {"plain": ([], [], []), "python": ([], [], []), "native": ([], [], [])}
+        writer = {"python": [], "native": []}
         served = True
         for _ in range(rounds):
             for kind, fn in (("plain", lambda: _plain(make, steps)), ("python", lambda: _dumped(make, steps, False)),
                              ("native", lambda: _dumped(make, steps, True))):
                 wall, cpu, live = fn()
+                if kind in writer:
+                    writer[kind].append(_WRITER[-1])
                 runs[kind][0].extend(wall)
                 runs[kind][1].extend(cpu)
                 runs[kind][2].extend(_THREAD)
@@ -116,6 +124,8 @@ def measure(quick: bool, steps: int, only=("alexnet", "transformer", "decoder"),
             "python_cpu_x": med["python"][1] / plain_cpu, "native_cpu_x": med["native"][1] / plain_cpu,
             "plain_thread_ms": plain_thread * 1e3, "python_thread_x": med["python"][2] / plain_thread,
             "native_thread_x": med["native"][2] / plain_thread,
+            "python_writer_ms": statistics.median(writer["python"]) * 1e3,
+            "native_writer_ms": statistics.median(writer["native"]) * 1e3,
             "plain_drift": last / first, "load": [load0, os.getloadavg()[0]], "threads": torch.get_num_threads(),
         })
     return out

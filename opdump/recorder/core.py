@@ -10,6 +10,7 @@ is in :class:`~opdump.capture.op_info.OpInfo`.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import warnings
 import weakref
@@ -24,7 +25,7 @@ from ..write.bin_ops import BinOps
 from ..write.buffers import HostBuffers, HostCopy
 from ..write.dtypes import to_numpy
 from ..write.statistic_csv import StatisticCsv
-from ..stats import StatsEngine
+from ..stats import StatsEngine, native
 from ..stats.device import tensor_version
 from ..debug.sample import sample_size, take_array
 from .copies import Clock, Seen, copy_out, stream_id_of
@@ -33,6 +34,8 @@ from .parameter_rows import parameter_rows
 from .rows import ROW_BYTES, encode_batch, shape_text
 
 _UNRESOLVED = object()
+#: OPDUMP_ROW_BATCH=0: queued rows as Python tuples in a list, as before RowBatch (A/B, tests)
+_ROW_BATCH = os.environ.get("OPDUMP_ROW_BATCH", "1") != "0"
 
 
 def _holdable(tensor: torch.Tensor) -> bool:
@@ -116,8 +119,8 @@ class Recorder:
         ts = self.clock(len(tensors))
         recorded = 0
         with self._lock:
-            rows = self._rows_of(folder)
             sink = self._native_sink()
+            rows = self._rows_of(folder)
             if sink is not None:            # CPU tensors: the same rows, built natively (row_sink.cpp)
                 recorded = sink.record(rows, op_type, name, io, ts, tensors)
                 if recorded >= 0:
@@ -184,12 +187,23 @@ class Recorder:
                 sink = self._sink
         return sink
 
-    def _rows_of(self, folder: str) -> list:
-        """The statistic.csv rows queued for ``folder`` (the caller holds ``self._lock``)."""
+    def _rows_of(self, folder: str):
+        """The statistic.csv rows queued for ``folder`` (the caller holds ``self._lock``): a list
+        of row tuples, or, once the native row sink is in use, a ``RowBatch`` (``row_batch.h``:
+        the native makers' rows kept as C++ records, a sequence of the same tuples when read)."""
         rows = self._pending.get(folder)
         if rows is None:
-            rows = self._pending[folder] = []
+            rows = self._pending[folder] = self._new_rows()
         return rows
+
+    def _new_rows(self):
+        """An empty row container: a RowBatch when the native row sink is resolved (never resolves
+        it: a CUDA-only run does not load the module for this) and ``OPDUMP_ROW_BATCH`` is not 0."""
+        sink = self._sink
+        if sink is None or sink is _UNRESOLVED or not _ROW_BATCH:
+            return []
+        batch = native.new_row_batch()      # (an empty RowBatch is falsy, like an empty list)
+        return [] if batch is None else batch
 
     def _record(self, folder, op_type, op_name, io, slot, tensor, parameter=False, op=None, files=True,
                 hold=None) -> None:

@@ -45,7 +45,10 @@ def row_middle(io: str, slot: int, nbytes: int, dtype: torch.dtype, shape: str) 
 
 # A queued row is ONE flat tuple of strings, ints and a dtype (plus its host-statistics
 # future, if any), its fields in the order of opdump/stats/contract.py's ROW_FIELDS (which the
-# native row sink shares through contract.h, checked at load).  The garbage collector
+# native row sink shares through contract.h, checked at load).  Once the native row sink is in
+# use, a folder's rows are a RowBatch (opdump/stats/row_batch.h): the native makers' rows kept as
+# C++ records, not tuples, whose text encode_rows makes from the records (the same bytes); read
+# from Python, it is the sequence of the tuples a list would hold.  The garbage collector
 # untracks such a tuple the first time it looks at it; a row holding the tensor's torch.Size
 # (a tuple subclass, never untracked) or nested in another tuple stays tracked, and rows
 # waiting for the low-priority writer (it may lag many steps behind, within its byte budget)

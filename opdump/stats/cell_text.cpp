@@ -17,6 +17,7 @@
 #include <torch/extension.h>
 
 #include "contract.h"
+#include "row_batch.h"
 
 #include <charconv>
 #include <cmath>
@@ -389,16 +390,18 @@ char* put_csv(char* w, const char* c, Py_ssize_t n) {
 
 }  // namespace
 
-// `rows`: queued row tuples; `cells`: statistic cell text (joined by ','), per handle (`by_row`
+// `rows`: queued row tuples, a list or a RowBatch (row_batch.h: its records read directly); `cells`: statistic cell text (joined by ','), per handle (`by_row`
 // false: a row whose handle is None gets `empty`) or per row; `names`: a dict dtype -> MindSpore
 // name, filled through `name_of(dtype)` on a miss.  The UTF-8 bytes of the rows, or None.
-pybind11::object encode_rows(const pybind11::list& rows, const pybind11::list& cells, bool by_row,
+pybind11::object encode_rows(const pybind11::object& rows, const pybind11::list& cells, bool by_row,
                              const pybind11::str& empty, const pybind11::dict& names, const pybind11::object& name_of) {
   using namespace opdump::contract;
   constexpr int kPieces = 11;     // op type, op name, task, stream, timestamp, io, slot, size, dtype, shape, cells
+  const opdump::RowBatch* batch = opdump::row_batch_of(rows.ptr());    // records (row_batch.h), or a list
+  if (batch == nullptr && !PyList_Check(rows.ptr())) return pybind11::none();
   std::vector<Piece> pieces;
   std::vector<pybind11::object> keep;   // every object a piece points into, alive while the GIL is released
-  const Py_ssize_t n = PyList_GET_SIZE(rows.ptr());
+  const Py_ssize_t n = batch != nullptr ? static_cast<Py_ssize_t>(batch->size()) : PyList_GET_SIZE(rows.ptr());
   const Py_ssize_t ncells = PyList_GET_SIZE(cells.ptr());
   if (by_row && ncells != n) return pybind11::none();
   pieces.reserve(static_cast<size_t>(n) * kPieces);
@@ -406,8 +409,68 @@ pybind11::object encode_rows(const pybind11::list& rows, const pybind11::list& c
   try {
     const Piece zero{"0", 1, 0, Piece::kRaw};
     const Piece empty_piece = text_piece(empty.ptr(), Piece::kRaw);
+    auto dtype_piece = [&](PyObject* dtype) {
+      PyObject* name = PyDict_GetItemWithError(names.ptr(), dtype);    // borrowed
+      if (name == nullptr) {
+        if (PyErr_Occurred()) throw pybind11::error_already_set();
+        pybind11::object made = name_of(pybind11::reinterpret_borrow<pybind11::object>(dtype));
+        if (PyDict_SetItem(names.ptr(), dtype, made.ptr()) < 0) throw pybind11::error_already_set();
+        keep.push_back(made);
+        name = made.ptr();
+      }
+      pieces.push_back(text_piece(name, Piece::kCsv));
+    };
+    auto cell_piece = [&](Py_ssize_t i, PyObject* h) {     // h: the row's handle (nullptr: None)
+      PyObject* cell = nullptr;
+      if (by_row) {
+        cell = PyList_GET_ITEM(cells.ptr(), i);
+      } else if (h != nullptr) {
+        const Piece hp = int_piece(h);
+        if (hp.v < 0 || hp.v >= ncells) throw Fallback();
+        cell = PyList_GET_ITEM(cells.ptr(), static_cast<Py_ssize_t>(hp.v));
+      }
+      if (cell == nullptr) {
+        pieces.push_back(empty_piece);
+      } else {
+        keep.emplace_back(pybind11::reinterpret_borrow<pybind11::object>(cell));
+        pieces.push_back(text_piece(cell, Piece::kRaw));
+      }
+    };
     for (Py_ssize_t i = 0; i < n; ++i) {
-      PyObject* r = PyList_GET_ITEM(rows.ptr(), i);
+      PyObject* r = nullptr;
+      if (batch != nullptr) {
+        const opdump::RowRecord& rec = batch->at(static_cast<size_t>(i));
+        if (rec.tuple == nullptr) {      // a record: the batch keeps its objects alive
+          pieces.push_back(text_piece(rec.op_type, Piece::kCsv));
+          pieces.push_back(text_piece(rec.name, Piece::kCsv));
+          pieces.push_back(zero);
+          pieces.push_back(zero);      // stream 0
+          Piece ts;
+          ts.kind = Piece::kInt;
+          ts.v = rec.ts;
+          pieces.push_back(ts);
+          pieces.push_back(text_piece(rec.io, Piece::kCsv));
+          Piece slot = ts, bytes = ts;
+          slot.v = rec.slot;
+          bytes.v = rec.bytes;
+          pieces.push_back(slot);
+          pieces.push_back(bytes);
+          dtype_piece(rec.dtype);
+          pieces.push_back(text_piece(rec.shape, Piece::kCsv));
+          if (by_row || rec.handle < 0) {
+            cell_piece(i, nullptr);
+          } else {
+            if (rec.handle >= ncells) throw Fallback();
+            PyObject* cell = PyList_GET_ITEM(cells.ptr(), static_cast<Py_ssize_t>(rec.handle));
+            keep.emplace_back(pybind11::reinterpret_borrow<pybind11::object>(cell));
+            pieces.push_back(text_piece(cell, Piece::kRaw));
+          }
+          continue;
+        }
+        r = rec.tuple;
+      } else {
+        r = PyList_GET_ITEM(rows.ptr(), i);
+      }
       if (!PyTuple_CheckExact(r) || PyTuple_GET_SIZE(r) != kRowFields) throw Fallback();
       keep.emplace_back(pybind11::reinterpret_borrow<pybind11::object>(r));
       pieces.push_back(text_piece(PyTuple_GET_ITEM(r, kRowOpType), Piece::kCsv));
@@ -418,34 +481,10 @@ pybind11::object encode_rows(const pybind11::list& rows, const pybind11::list& c
       pieces.push_back(field_piece(PyTuple_GET_ITEM(r, kRowIo)));
       pieces.push_back(field_piece(PyTuple_GET_ITEM(r, kRowSlot)));
       pieces.push_back(field_piece(PyTuple_GET_ITEM(r, kRowNbytes)));
-      PyObject* dtype = PyTuple_GET_ITEM(r, kRowDtype);
-      PyObject* name = PyDict_GetItemWithError(names.ptr(), dtype);    // borrowed
-      if (name == nullptr) {
-        if (PyErr_Occurred()) throw pybind11::error_already_set();
-        pybind11::object made = name_of(pybind11::reinterpret_borrow<pybind11::object>(dtype));
-        if (PyDict_SetItem(names.ptr(), dtype, made.ptr()) < 0) throw pybind11::error_already_set();
-        keep.push_back(made);
-        name = made.ptr();
-      }
-      pieces.push_back(text_piece(name, Piece::kCsv));
+      dtype_piece(PyTuple_GET_ITEM(r, kRowDtype));
       pieces.push_back(text_piece(PyTuple_GET_ITEM(r, kRowShape), Piece::kCsv));
-      PyObject* cell = nullptr;
-      if (by_row) {
-        cell = PyList_GET_ITEM(cells.ptr(), i);
-      } else {
-        PyObject* h = PyTuple_GET_ITEM(r, kRowHandle);
-        if (h != Py_None) {
-          const Piece hp = int_piece(h);
-          if (hp.v < 0 || hp.v >= ncells) throw Fallback();
-          cell = PyList_GET_ITEM(cells.ptr(), static_cast<Py_ssize_t>(hp.v));
-        }
-      }
-      if (cell == nullptr) {
-        pieces.push_back(empty_piece);
-      } else {
-        keep.emplace_back(pybind11::reinterpret_borrow<pybind11::object>(cell));
-        pieces.push_back(text_piece(cell, Piece::kRaw));
-      }
+      PyObject* h = PyTuple_GET_ITEM(r, kRowHandle);
+      cell_piece(i, h == Py_None ? nullptr : h);
     }
   } catch (const Fallback&) {
     return pybind11::none();

@@ -13,7 +13,7 @@
 namespace opdump::contract {
 
 // Bumped whenever a signature or a layout below changes.
-constexpr int kAbi = 3;
+constexpr int kAbi = 4;
 
 // statistic.csv cell kinds (categories.py's Category.kind), as format_cells' `kinds`.
 enum CellKind { kElement = 0, kComputed = 1, kCount = 2, kText = 3 };

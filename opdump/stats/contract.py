@@ -9,7 +9,7 @@ silently misread tuple.  Every Python user of these layouts imports them from he
 from __future__ import annotations
 
 #: bumped with ``contract.h``'s ``kAbi`` whenever a signature or a layout changes
-ABI = 3
+ABI = 4
 
 #: statistic.csv cell kinds; the code of a kind is its index
 CELL_KINDS = ("element", "computed", "count", "text")

@@ -327,24 +327,34 @@ class RowRecorder:
     new lists (it edits no object of Python's).
     """
 
-    __slots__ = ("_batch", "_record")
+    __slots__ = ("_batch", "_record", "_into")
 
     def __init__(self, batch: DeviceStatsBatch, sink):
         self._batch = batch
         self._record = sink.record
+        self._into = sink.record_into
 
-    def record(self, rows: list, op_type: str, name: str, io: str, ts: int, tensors) -> int:
+    def record(self, rows, op_type: str, name, io: str, ts: int, tensors) -> int:
         """Rows of ``tensors`` (slot k at timestamp ``ts + k``, None slots skipped) appended to
-        ``rows``; how many, or -1 having changed nothing when some element needs the Python path."""
+        ``rows``; how many, or -1 having changed nothing when some element needs the Python path.
+        ``rows`` a RowBatch (``row_batch.h``): appended as records, and ``name`` may then be one
+        name per tensor (parameters: each row at slot 0)."""
         batch = self._batch
-        made = self._record(len(batch), op_type, name, io, ts, tensors)
-        if made is None:
-            return -1
-        new_rows, entries, dtypes = made
+        if type(rows) is not list:
+            made = self._into(rows, len(batch), op_type, name, io, ts, tensors)
+            if made is None:
+                return -1
+            count, entries, dtypes = made
+        else:
+            made = self._record(len(batch), op_type, name, io, ts, tensors)
+            if made is None:
+                return -1
+            new_rows, entries, dtypes = made
+            rows += new_rows
+            count = len(new_rows)
         if entries:
             batch._extend(entries, dtypes)
-        rows += new_rows
-        return len(new_rows)
+        return count
 
 
 class Gathered:

@@ -2,7 +2,8 @@
 
 The module (``native_module.cpp`` and the parts it exports: ``cpu_kernel.cpp``'s one-pass
 CPU statistics ``fused_stats`` and ``host_stats``, ``cell_text.cpp``'s ``format_cells``, ``stats_memo.cpp``'s
-``StatsMemo``, ``row_sink.cpp``'s ``RowSink``, ``finite_bound.cpp``'s ``finite_bound``, the overflow
+``StatsMemo``, ``row_sink.cpp``'s ``RowSink``, ``GraphTaps`` and ``RowBatch`` (``row_batch.h``: queued
+statistic.csv rows as C++ records), ``finite_bound.cpp``'s ``finite_bound``, the overflow
 watch's reading) is optional: every use of it has an exact
 Python/torch twin, taken when :func:`module` is None.
 
@@ -66,7 +67,7 @@ SOURCES = tuple(os.path.join(_HERE, n) for n in
     os.path.join(os.path.dirname(_HERE), "capture", "eager", "native", n) for n in
     ("observer.cpp", "observer_names.cpp", "observer_args.cpp", "observer_rows.cpp", "observer_api.cpp",
      "watch.cpp"))
-HEADERS = tuple(os.path.join(_HERE, n) for n in ("contract.h", "stats_memo.h")) + tuple(
+HEADERS = tuple(os.path.join(_HERE, n) for n in ("contract.h", "stats_memo.h", "row_batch.h")) + tuple(
     os.path.join(os.path.dirname(_HERE), "capture", "eager", "native", n) for n in
     ("observer_state.h", "watch.h"))
 # -ffp-contract=off: no fused multiply-add, so host_stats' sums are numpy's bit for bit
@@ -357,6 +358,12 @@ def new_row_sink(memo):
     gives new ``(rows, entries, dtypes)`` lists or None; None when the module is unavailable."""
     mod = module()
     return None if mod is None else mod.RowSink(memo, torch.nn.Parameter)
+
+
+def new_row_batch():
+    """A new empty ``RowBatch`` (``row_batch.h``: queued statistic.csv rows as C++ records, read as
+    row tuples), or None when the module is unavailable (never loads or builds it)."""
+    return _module.RowBatch() if _resolved and _module is not None else None
 
 
 def cell_formatter() -> Optional[Callable]:

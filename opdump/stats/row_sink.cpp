@@ -19,6 +19,7 @@
 //   it returns None having changed nothing, and the Python loop (which knows the other
 //   cases) records them.
 #include "contract.h"
+#include "row_batch.h"
 #include "stats_memo.h"
 
 #include <torch/csrc/DynamicTypes.h>
@@ -35,15 +36,9 @@ namespace {
 namespace py = pybind11;
 using namespace opdump::contract;
 
-std::string shape_text(c10::IntArrayRef sizes) {   // formatting.format_shape: "(2,3)", "(5)", "()"
-  std::string s = "(";
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    if (i) s += ',';
-    s += std::to_string(sizes[i]);
-  }
-  s += ')';
-  return s;
-}
+using opdump::RowBatch;
+using opdump::ShapeText;
+using opdump::shape_text;
 
 class RowSink {
  public:
@@ -57,16 +52,78 @@ class RowSink {
     py::object seq = py::reinterpret_steal<py::object>(PySequence_Fast(tensors.ptr(), "tensors must be a sequence"));
     if (!seq) throw py::error_already_set();
     const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.ptr());
-    PyObject* param = parameter_type_.ptr();
-    for (Py_ssize_t k = 0; k < n; ++k) {     // first: is every element one this path takes?
+    if (!takes_all(seq, n)) return py::none();     // first: is every element one this path takes?
+    return rows_of(seq, n, base, op_type, name, io, ts);
+  }
+
+  // record()'s rows appended to `batch` (a RowBatch) as records; `names` a str (the operator's
+  // name: row k at slot k) or a sequence of one name per tensor (parameters: row k named
+  // names[k], at slot 0).  (count, entries, dtypes), or None having changed nothing.
+  py::object record_into(py::object batch_obj, int64_t base, py::object op_type, py::object names, py::object io,
+                         int64_t ts, py::object tensors) {
+    RowBatch* batch = opdump::row_batch_of(batch_obj.ptr());
+    if (batch == nullptr) throw py::type_error("RowSink.record_into: a RowBatch");
+    py::object seq = py::reinterpret_steal<py::object>(PySequence_Fast(tensors.ptr(), "tensors must be a sequence"));
+    if (!seq) throw py::error_already_set();
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.ptr());
+    py::object name_seq;
+    if (!PyUnicode_Check(names.ptr())) {
+      name_seq = py::reinterpret_steal<py::object>(PySequence_Fast(names.ptr(), "names must be a str or a sequence"));
+      if (!name_seq) throw py::error_already_set();
+      if (PySequence_Fast_GET_SIZE(name_seq.ptr()) != n) throw py::value_error("RowSink.record_into: one name per tensor");
+    }
+    if (!takes_all(seq, n)) return py::none();
+    py::list entries, dtypes;
+    std::vector<ShapeText> shape(1);
+    int64_t count = 0;
+    for (Py_ssize_t k = 0; k < n; ++k) {
       PyObject* item = PySequence_Fast_GET_ITEM(seq.ptr(), k);
       if (item == Py_None) continue;
-      if (!THPVariable_CheckExact(item) && reinterpret_cast<PyObject*>(Py_TYPE(item)) != param) return py::none();
+      const at::Tensor& t = THPVariable_Unpack(item);
+      PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()));   // borrowed
+      const int64_t h = handle_of(t, base, entries, dtypes, dtype);
+      PyObject* name = name_seq ? PySequence_Fast_GET_ITEM(name_seq.ptr(), k) : names.ptr();
+      batch->add(op_type.ptr(), name, io.ptr(), ts + k, name_seq ? 0 : k, opdump::shape_of(shape, 0, t), dtype, h);
+      ++count;
+    }
+    return py::make_tuple(count, entries, dtypes);
+  }
+
+ private:
+  // is every element one this path takes (None, or a CPU strided Tensor/Parameter the memo reads)?
+  bool takes_all(const py::object& seq, Py_ssize_t n) const {
+    PyObject* param = parameter_type_.ptr();
+    for (Py_ssize_t k = 0; k < n; ++k) {
+      PyObject* item = PySequence_Fast_GET_ITEM(seq.ptr(), k);
+      if (item == Py_None) continue;
+      if (!THPVariable_CheckExact(item) && reinterpret_cast<PyObject*>(Py_TYPE(item)) != param) return false;
       const at::Tensor& t = THPVariable_Unpack(item);
       if (!t.defined() || t.layout() != at::kStrided || !t.device().is_cpu() || !opdump::StatsMemo::takes(t)) {
-        return py::none();
+        return false;
       }
     }
+    return true;
+  }
+
+  // the statistics handle of `t`: the memo's entry for memory already read, or base + j for the
+  // j-th tensor read now (its fused tuple appended to `entries`, its dtype to `dtypes`)
+  int64_t handle_of(const at::Tensor& t, int64_t base, py::list& entries, py::list& dtypes, PyObject* dtype) {
+    const int64_t index = base + static_cast<int64_t>(PyList_GET_SIZE(entries.ptr()));
+    py::object handle = memo_->stats(t, index);
+    if (handle.is_none()) throw std::logic_error("RowSink: the memo declined a tensor it takes");
+    if (!PyLong_Check(handle.ptr())) {      // read now: a new entry of the batch
+      if (PyList_Append(entries.ptr(), handle.ptr()) < 0 || PyList_Append(dtypes.ptr(), dtype) < 0) {
+        throw py::error_already_set();
+      }
+      return index;
+    }
+    const long long h = PyLong_AsLongLong(handle.ptr());
+    if (h == -1 && PyErr_Occurred()) throw py::error_already_set();
+    return h;
+  }
+
+  py::object rows_of(const py::object& seq, Py_ssize_t n, int64_t base, const py::object& op_type,
+                     const py::object& name, const py::object& io, int64_t ts) {
     py::list rows, entries, dtypes;
     py::int_ zero(0);
     py::none none;
@@ -75,14 +132,7 @@ class RowSink {
       if (item == Py_None) continue;
       const at::Tensor& t = THPVariable_Unpack(item);
       py::object dtype = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type())));
-      const int64_t index = base + static_cast<int64_t>(py::len(entries));
-      py::object handle = memo_->stats(t, index);
-      if (handle.is_none()) throw std::logic_error("RowSink: the memo declined a tensor it takes");
-      if (!PyLong_Check(handle.ptr())) {      // read now: a new entry of the batch
-        entries.append(handle);
-        dtypes.append(dtype);
-        handle = py::int_(index);
-      }
+      py::object handle = py::int_(handle_of(t, base, entries, dtypes, dtype.ptr()));
       const int64_t slot = static_cast<int64_t>(k);
       py::tuple row(static_cast<size_t>(kRowFields));
       row[static_cast<size_t>(kRowOpType)] = op_type;
@@ -101,7 +151,6 @@ class RowSink {
     return py::make_tuple(rows, entries, dtypes);
   }
 
- private:
   py::object memo_obj_;            // keeps memo_ alive
   opdump::StatsMemo* memo_;
   py::object parameter_type_;
@@ -344,8 +393,16 @@ class GraphTaps {
       py::object fresh;
       if (rows == nullptr) {
         if (PyErr_Occurred()) throw py::error_already_set();
-        fresh = py::list();
-        if (PyDict_SetItem(pending.ptr(), c.folder.ptr(), fresh.ptr()) < 0) throw py::error_already_set();
+        // the recorder's own container (a RowBatch, row_batch.h, or a list: Recorder._rows_of)
+        static PyObject* const rows_of_name = interned("_rows_of");
+        py::object rows_of = py::reinterpret_steal<py::object>(PyObject_GetAttr(c.recorder.ptr(), rows_of_name));
+        if (rows_of) {
+          fresh = rows_of(c.folder);
+        } else {
+          PyErr_Clear();
+          fresh = py::list();
+          if (PyDict_SetItem(pending.ptr(), c.folder.ptr(), fresh.ptr()) < 0) throw py::error_already_set();
+        }
         rows = fresh.ptr();
       }
       py::object keep_rows = py::reinterpret_borrow<py::object>(rows);
@@ -369,6 +426,7 @@ class GraphTaps {
   // one side's rows (kind 0: inputs, 1: outputs), appended to `rows`
   void side(const Call& c, opdump::StatsMemo* memo, PyObject* rows, int64_t index, int kind, const py::object& io,
             PyObject* const* items, Py_ssize_t n, int64_t ts) {
+    RowBatch* batch = opdump::row_batch_of(rows);
     for (Py_ssize_t k = 0; k < n; ++k) {
       PyObject* item = items[k];
       if (item == Py_None) continue;
@@ -384,7 +442,14 @@ class GraphTaps {
         handle = py::reinterpret_steal<py::object>(int_of(entry));
         if (!handle) throw py::error_already_set();
       }
-      const SlotText& text = slot_text(index, kind, k, t);
+      const ShapeText& text = opdump::shape_of(shapes_[static_cast<size_t>(index) * 2 + kind], static_cast<size_t>(k), t);
+      if (batch != nullptr) {          // a record (row_batch.h): no tuple, no int objects
+        const long long h = PyLong_AsLongLong(handle.ptr());
+        if (h == -1 && PyErr_Occurred()) throw py::error_already_set();
+        batch->add(op_types_[index].ptr(), op_names_[index].ptr(), io.ptr(), ts + k, k, text, dtype, h);
+        ++count_;
+        continue;
+      }
       py::tuple row(static_cast<size_t>(kRowFields));
       PyObject* r = row.ptr();
       auto put = [r](int field, PyObject* v, bool borrowed) {
@@ -407,31 +472,6 @@ class GraphTaps {
       if (PyList_Append(rows, r) < 0) throw py::error_already_set();
       ++count_;
     }
-  }
-
-  // A slot's shape text and byte count (an int object), made again only when its sizes or its
-  // element size change: the same objects row after row, step after step (no allocation per row).
-  struct SlotText {
-    std::vector<int64_t> sizes;
-    int64_t element_size = -1;
-    py::object shape, nbytes;
-  };
-  const SlotText& slot_text(int64_t index, int kind, Py_ssize_t slot, const at::Tensor& t) {
-    auto& slots = shapes_[static_cast<size_t>(index) * 2 + kind];
-    if (static_cast<size_t>(slot) >= slots.size()) slots.resize(static_cast<size_t>(slot) + 1);
-    SlotText& cached = slots[static_cast<size_t>(slot)];
-    const c10::IntArrayRef sizes = t.sizes();
-    const int64_t element_size = static_cast<int64_t>(t.element_size());
-    if (!cached.shape || element_size != cached.element_size || !sizes.equals(cached.sizes)) {
-      py::object shape = py::str(shape_text(sizes));
-      py::object nbytes = py::reinterpret_steal<py::object>(PyLong_FromLongLong(t.numel() * element_size));
-      if (!nbytes) throw py::error_already_set();
-      cached.sizes = sizes.vec();
-      cached.element_size = element_size;
-      cached.shape = std::move(shape);
-      cached.nbytes = std::move(nbytes);
-    }
-    return cached;
   }
 
   // The int object of a batch entry's number (a row's statistics handle), kept for the taps' life:
@@ -519,7 +559,7 @@ class GraphTaps {
   py::str tap_, input_, output_;
   py::int_ zero_;
   std::vector<py::object> op_types_, op_names_;
-  std::vector<std::vector<SlotText>> shapes_;   // per (op, side), per slot
+  std::vector<std::vector<ShapeText>> shapes_;  // per (op, side), per slot (row_batch.h shape_of)
   std::vector<py::object> ints_;                // int_of's objects, by value
   State state_ = kClosed;
   int64_t count_ = 0;
@@ -529,11 +569,67 @@ class GraphTaps {
 
 }  // namespace
 
+namespace opdump {
+
+RowBatch* row_batch_of(PyObject* obj) {
+  static PyTypeObject* const type = reinterpret_cast<PyTypeObject*>(py::type::of<RowBatch>().ptr());
+  if (obj == nullptr || Py_TYPE(obj) != type) return nullptr;
+  auto* inst = reinterpret_cast<py::detail::instance*>(obj);
+  return inst->get_value_and_holder(nullptr, false).value_ptr<RowBatch>();
+}
+
+}  // namespace opdump
+
+namespace {
+
+// RowBatch's Python face: the list operations the recorder and the rows' readers use
+void register_row_batch(py::module& m) {
+  auto index_of = [](const RowBatch& b, Py_ssize_t i) {
+    const Py_ssize_t n = static_cast<Py_ssize_t>(b.size());
+    if (i < 0) i += n;
+    if (i < 0 || i >= n) throw py::index_error("RowBatch index out of range");
+    return static_cast<size_t>(i);
+  };
+  auto rows_list = [](const RowBatch& b) {
+    py::list out(b.size());
+    for (size_t i = 0; i < b.size(); ++i) out[i] = b.row(i);
+    return out;
+  };
+  auto extend = [](RowBatch& b, const py::iterable& rows) {
+    for (py::handle r : rows) {
+      if (!PyTuple_Check(r.ptr())) throw py::type_error("a RowBatch holds row tuples");
+      b.add_tuple(r.ptr());
+    }
+  };
+  py::class_<RowBatch>(m, "RowBatch", "statistic.csv rows queued for one folder, as C++ records (row_batch.h)")
+      .def(py::init<>())
+      .def("__len__", &RowBatch::size)
+      .def("__bool__", [](const RowBatch& b) { return b.size() > 0; })
+      .def("__getitem__", [index_of](const RowBatch& b, Py_ssize_t i) { return b.row(index_of(b, i)); })
+      .def("__getitem__", [rows_list](const RowBatch& b, const py::slice& s) {
+             py::list all = rows_list(b);
+             return py::object(all[s]);
+           })
+      .def("__iter__", [rows_list](const RowBatch& b) { return py::iter(rows_list(b)); })
+      .def("append", [](RowBatch& b, const py::tuple& row) { b.add_tuple(row.ptr()); }, "a row tuple, at the end")
+      .def("extend", extend, "row tuples, at the end")
+      .def("__iadd__", [extend](py::object self, const py::iterable& rows) {
+             extend(self.cast<RowBatch&>(), rows);
+             return self;
+           })
+      .def_property_readonly("records", &RowBatch::records, "how many rows are native records (not tuples)")
+      .def("clear", &RowBatch::clear)
+      .def("rows", rows_list, "every row as its tuple (a new list)");
+}
+
+}  // namespace
+
 // cell_text.cpp: statistic.csv rows as text (registered here, beside the rows' makers)
-py::object encode_rows(const py::list& rows, const py::list& cells, bool by_row, const py::str& empty,
+py::object encode_rows(const py::object& rows, const py::list& cells, bool by_row, const py::str& empty,
                        const py::dict& names, const py::object& name_of);
 
 void register_row_sink(py::module& m) {
+  register_row_batch(m);
   m.def("encode_rows", &encode_rows, py::arg("rows"), py::arg("cells"), py::arg("by_row"), py::arg("empty"),
         py::arg("names"), py::arg("name_of"),
         "the statistic.csv text (UTF-8 bytes) of queued rows and their cells, or None (the Python path writes them)");
@@ -542,7 +638,11 @@ void register_row_sink(py::module& m) {
       .def("record", &RowSink::record, py::arg("base"), py::arg("op_type"), py::arg("name"), py::arg("io"),
            py::arg("ts"), py::arg("tensors"),
            "(rows, entries, dtypes) of `tensors`, new lists, entries numbered from `base`; or None (nothing "
-           "changed) when an element needs the Python path");
+           "changed) when an element needs the Python path")
+      .def("record_into", &RowSink::record_into, py::arg("batch"), py::arg("base"), py::arg("op_type"),
+           py::arg("names"), py::arg("io"), py::arg("ts"), py::arg("tensors"),
+           "record()'s rows appended to the RowBatch `batch` as records (`names`: the operator's name, or one "
+           "name per tensor, each at slot 0): (count, entries, dtypes), or None (nothing changed)");
 
   py::class_<GraphTaps> taps(m, "GraphTaps");
   taps.def(py::init<py::object, py::list, py::list, py::object, py::list, py::object, py::object>(),

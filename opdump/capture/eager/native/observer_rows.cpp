@@ -2,7 +2,8 @@
 // statistics from the native memo (opdump/stats/stats_memo.cpp) or, for a tensor the memo does
 // not take, from the Python recorder (slow_cb), appended to the list the capture binds for the
 // iteration (bound).
-// Guarantees: a row is the tuple opdump/stats/contract.h lays out, with timestamps increasing
+// Guarantees: a row is the tuple opdump/stats/contract.h lays out (a record of the RowBatch the
+// capture binds, opdump/stats/row_batch.h, when it binds one), with timestamps increasing
 // (next_ts); shape texts and byte counts are made once per operator index and shape; called
 // with the GIL held; errors are thrown to the callbacks' guard (observer.cpp).
 #include "observer_state.h"
@@ -20,31 +21,6 @@ namespace eager_observer {
 using namespace opdump::contract;
 
 namespace {
-
-std::string shape_text(c10::IntArrayRef sizes) {
-  std::string s = "(";
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    if (i) s += ',';
-    s += std::to_string(sizes[i]);
-  }
-  return s + ')';
-}
-
-// the shape text and byte count of `t` as slot `k` of a side of `slot` (GIL held)
-ShapeText& shape_of(NameSlot* slot, std::vector<ShapeText>& scratch, int side, size_t k, const at::Tensor& t) {
-  std::vector<ShapeText>& shapes = slot != nullptr ? slot->shapes[side] : scratch;
-  if (shapes.size() <= k) shapes.resize(k + 1);
-  ShapeText& st = shapes[k];
-  const c10::IntArrayRef sizes = t.sizes();
-  const int64_t itemsize = static_cast<int64_t>(t.element_size());
-  if (!st.shape || st.itemsize != itemsize || !sizes.equals(st.sizes)) {
-    st.sizes.assign(sizes.begin(), sizes.end());
-    st.itemsize = itemsize;
-    st.shape = py::str(shape_text(sizes));
-    st.nbytes = py::int_(t.numel() * itemsize);
-  }
-  return st;
-}
 
 int64_t next_ts(int64_t count) {
   int64_t now = std::chrono::duration_cast<std::chrono::microseconds>(
@@ -94,6 +70,8 @@ void record(Ctx* c, int side, const py::object& io, const std::vector<c10::optio
   NameSlot* slot = (c->index >= 0 && static_cast<size_t>(c->index) < g->name_cache.size())
                        ? &g->name_cache[static_cast<size_t>(c->index)] : nullptr;
   std::vector<ShapeText> scratch;
+  std::vector<ShapeText>& shapes = slot != nullptr ? slot->shapes[side] : scratch;
+  opdump::RowBatch* batch = opdump::row_batch_of(rows);    // records (row_batch.h), or a list of tuples
   for (size_t k = 0; k < tensors.size(); ++k) {
     if (!tensors[k]) continue;
     const at::Tensor& t = *tensors[k];
@@ -106,7 +84,15 @@ void record(Ctx* c, int side, const py::object& io, const std::vector<c10::optio
         throw py::error_already_set();
       handle = py::int_(index);
     }
-    ShapeText& st = shape_of(slot, scratch, side, k, t);
+    const ShapeText& st = opdump::shape_of(shapes, k, t);
+    if (batch != nullptr) {
+      const long long h = PyLong_AsLongLong(handle.ptr());
+      if (h == -1 && PyErr_Occurred()) throw py::error_already_set();
+      batch->add(c->ov->op_type.ptr(), c->name.ptr(), io.ptr(), ts + static_cast<int64_t>(k), static_cast<int64_t>(k),
+                 st, dtype, h);
+      ++g->recorded;
+      continue;
+    }
     py::object stamp = py::int_(ts + static_cast<int64_t>(k));
     py::object at_slot = py::int_(static_cast<int64_t>(k));
     PyObject* row = PyTuple_New(static_cast<Py_ssize_t>(kRowFields));

@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "../../../stats/row_batch.h"
 #include "../../../stats/stats_memo.h"
 #include "watch.h"
 
@@ -83,11 +84,7 @@ struct Ctx : at::ObserverContext {
 
 // what an operator index of the last iterations was named (a served program runs the same
 // operators every iteration: its names, listing lookups and shape texts are made once)
-struct ShapeText {
-  std::vector<int64_t> sizes;
-  int64_t itemsize = -1;
-  py::object shape, nbytes;      // the row's shape text and byte count
-};
+using ShapeText = opdump::ShapeText;   // the row's shape text and byte count (stats/row_batch.h)
 
 struct NameSlot {
   int scope = -1;
