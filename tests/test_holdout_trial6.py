@@ -216,7 +216,6 @@ def test_compare_with_the_mindspore_sample_is_not_clean_without_operators(tmp_pa
     assert not (r.returncode == 0 and "operators matched: 0 of" in r.stdout), r.stdout
 
 
-@pytest.mark.xfail(strict=True, reason="B3: EagerCapture.start() after stop() raises 'already started'")
 def test_eager_capture_starts_again_after_stop(tmp_path):
     cfg = _config(tmp_path, {"iteration": "all", "saved_data": "statistic"})
     model = nn.Linear(4, 2)

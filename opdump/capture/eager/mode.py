@@ -217,6 +217,7 @@ class EagerCapture(NativeEager, OperatorPath):
         if not self._active:
             return
         self._active = False
+        self._started = False              # start() may run again (same graph id)
         self._dumping = False
         self._native_take(False)
         mode, self._mode = self._mode, None
@@ -242,6 +243,7 @@ class EagerCapture(NativeEager, OperatorPath):
             self._finish(state)
         if self._collectives is not None:           # works completed late; the rest are dropped
             self._collectives.close()
+            self._collectives = None                # a later start() makes a new one
 
     def __enter__(self) -> "EagerCapture":
         return self.start()
