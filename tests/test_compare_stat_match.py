@@ -11,7 +11,7 @@ import random
 
 import pandas as pd
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import assume, HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from opdump.analysis.compare import compare
@@ -314,6 +314,7 @@ def test_call_by_call_stage_is_the_object_matcher(calls, seed, dup_in_b):
     else:
         ra = _with_duplicates(ra, rng)
     sides = sides_of(ra, rb)
-    assert not (sides[0].calls.unique and sides[1].calls.unique)
+    # a side whose edit left no operator has no row to write twice: nothing to test there
+    assume(not (sides[0].calls.unique and sides[1].calls.unique))
     it_pairs = _iteration_pairs(tensors_of_records(ra), tensors_of_records(rb), None)
     assert sorted(match_rank(*sides, it_pairs), key=_key) == sorted(_object_pairs(ra, rb, it_pairs), key=_key)

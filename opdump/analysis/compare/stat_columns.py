@@ -164,11 +164,11 @@ def judge_columns(column_a, column_b, n: int, md5_a: List[Any], md5_b: List[Any]
             worst_all[inf_diff] = np.inf
             worst_k[inf_diff] = ki
             d = np.abs(a - b)
-            rel = d / np.maximum(np.abs(a), np.abs(b))
-            if k == "avg":
-                rel = d / np.maximum(np.maximum(np.abs(a), np.abs(b)), scale)
+            own = np.maximum(np.abs(a), np.abs(b))
+            rel_scale = d / np.maximum(own, scale)      # identity: against the tensors' magnitude
+            rel = rel_scale if k == "avg" else d / own
             differ = fin & ~inf & (d != 0.0)
-            worst_all = np.where(differ, np.maximum(worst_all, rel), worst_all)
+            worst_all = np.where(differ, np.maximum(worst_all, rel_scale), worst_all)
             upd = differ & ~(d <= th.stat_atol) & (rel > worst)
             worst = np.where(upd, rel, worst)
             worst_k[upd] = ki
