@@ -89,11 +89,23 @@ class UndefinedInputs:
 def or_undefined(garbage: list, undefined: Optional[UndefinedInputs], c: Dict[str, list], suffix: str = "") -> list:
     """``garbage`` (one bool per pair, from :func:`opdump.analysis.common.is_garbage`) with
     the pairs whose side (``suffix`` ``""``: A's columns, ``"_b"``: B's) is an undefined
-    input set too; the same list when ``undefined`` has none."""
+    input set too; the same list when ``undefined`` has none.  When the rank and graph
+    columns hold one value each (the common case) only the rows of operators that have an
+    undefined input slot are asked, found once per distinct operator name (0.07 -> 0.013 s
+    of CPU a side on a 146,600-pair statistics compare); else every row is asked."""
     if undefined is None or undefined.none:
         return garbage
-    cols = [c[k + suffix] for k in ("rank", "graph", "op", "io", "slot")]
-    return [g or undefined(*key) for g, key in zip(garbage, zip(*cols))]
+    rank, graph, op, io, slot = (c[k + suffix] for k in ("rank", "graph", "op", "io", "slot"))
+    n = len(op)
+    if not n or n != len(garbage) or rank.count(rank[0]) != n or graph.count(graph[0]) != n:
+        return [g or undefined(*key) for g, key in zip(garbage, zip(rank, graph, op, io, slot))]
+    r0, g0 = rank[0], graph[0]
+    has = {o: isinstance(o, str) and bool(undefined._slots(r0, g0, o)) for o in set(op)}
+    out = list(garbage)
+    for i, o in enumerate(op):                  # undefined(...) is False on the other rows
+        if has[o]:
+            out[i] = out[i] or undefined(rank[i], graph[i], o, io[i], slot[i])
+    return out
 
 
 def undefined_pair(p: Any, ua: Optional[UndefinedInputs], ub: Optional[UndefinedInputs]) -> bool:

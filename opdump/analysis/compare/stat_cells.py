@@ -4,12 +4,11 @@ milliseconds a column on 100,000 rows; each gives exactly what its loop gives.
 """
 from __future__ import annotations
 
-from itertools import compress
 from typing import Any, List, Optional
 
 import numpy as np
 
-__all__ = ["per_distinct", "iterations_of", "scatter", "or_undefined_cells"]
+__all__ = ["per_distinct", "iterations_of", "scatter"]
 
 
 def per_distinct(f, cells: List[Any]) -> List[Any]:
@@ -24,25 +23,6 @@ def per_distinct(f, cells: List[Any]) -> List[Any]:
         return list(map(seen.__getitem__, cells))
     except (KeyError, TypeError):
         return [f(x) for x in cells]
-
-
-def or_undefined_cells(garbage: List[Any], undefined, c, suffix: str = "") -> List[Any]:
-    """:func:`opdump.analysis.undefined.or_undefined` -- ``garbage`` with the pairs whose side
-    is an undefined input set too -- asking only the rows of operators that have an
-    undefined input slot (found once per distinct operator name when the rank and graph
-    columns hold one value each, the common case; else every row is asked): the same list."""
-    if undefined is None or undefined.none:
-        return garbage
-    rank, graph, op, io, slot = (c[k + suffix] for k in ("rank", "graph", "op", "io", "slot"))
-    n = len(op)
-    if not n or n != len(garbage) or rank.count(rank[0]) != n or graph.count(graph[0]) != n:
-        return [g or undefined(*key) for g, key in zip(garbage, zip(rank, graph, op, io, slot))]
-    r0, g0 = rank[0], graph[0]
-    has = per_distinct(lambda o: isinstance(o, str) and bool(undefined._slots(r0, g0, o)), op)
-    out = list(garbage)
-    for i in compress(range(n), has):           # undefined(...) is False on the other rows
-        out[i] = out[i] or undefined(rank[i], graph[i], op[i], io[i], slot[i])
-    return out
 
 
 def iterations_of(ser) -> List[Optional[int]]:

@@ -25,7 +25,8 @@ from .pairs import TABLE_COLUMNS, Pair, _shape_text, shape_from_text
 from .result import CompareResult, rule_of
 from .stat_csv import Cells
 from .stat_result import StatCompareResult, with_cells
-from .stat_cells import iterations_of, or_undefined_cells, per_distinct, scatter
+from ..undefined import or_undefined
+from .stat_cells import iterations_of, per_distinct, scatter
 from .stat_columns import _VALUES, column_of_values, judge_columns
 from .stat_gather import take_cells as _take
 from .stat_onesided import add_one_sided, call_counts, summary_lists, unmatched_warning
@@ -162,7 +163,7 @@ class StatPairs:
         ga = garbage(c["op_type"], c["io"], c["slot"])
         gb = ga if _same_columns(c, ("op_type", "io", "slot")) else garbage(c["op_type_b"], c["io_b"], c["slot_b"])
         if undefined is not None:           # out= destinations, empty* outputs (.undefined)
-            ga, gb = or_undefined_cells(ga, undefined[0], c), or_undefined_cells(gb, undefined[1], c, "_b")
+            ga, gb = or_undefined(ga, undefined[0], c), or_undefined(gb, undefined[1], c, "_b")
         all_live = not (any(ga) or any(gb))
         live = list(range(n)) if all_live else list(compress(range(n), map(operator.not_, map(operator.or_, ga, gb))))
         same = per_distinct(_same_dtype, list(zip(c["dtype_a"], c["dtype_b"])))

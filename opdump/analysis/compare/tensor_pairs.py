@@ -23,11 +23,11 @@ from ..reader.npy import dtype_name
 from .fields import make_tensors
 from .pairs import METRIC_COLUMNS, TABLE_COLUMNS, Pair
 from .result import CompareResult
-from .stat_cells import or_undefined_cells, per_distinct
+from .stat_cells import per_distinct
 from .stat_pairs import (_SKIPPED, _mask, _same_dtype, _take, add_identity, column_summary,
                          garbage, random_rule)
 from .verdict import _tolerance, verdict_for_metrics
-
+from ..undefined import or_undefined
 
 __all__ = ["TensorPairs", "finish_tensor_result"]
 
@@ -77,7 +77,7 @@ class TensorPairs:
         n = len(c["rank"])
         ga, gb = garbage(c["op_type"], c["io"], c["slot"]), garbage(c["op_type_b"], c["io_b"], c["slot_b"])
         if undefined is not None:           # out= destinations, empty* outputs (.undefined)
-            ga, gb = or_undefined_cells(ga, undefined[0], c), or_undefined_cells(gb, undefined[1], c, "_b")
+            ga, gb = or_undefined(ga, undefined[0], c), or_undefined(gb, undefined[1], c, "_b")
         live = [k for k in range(n) if not (ga[k] or gb[k])]
         pa, pb, lya, lyb = c["path_a"], c["path_b"], c["layout_a"], c["layout_b"]
         tasks = [(k, pa[k], pb[k], _nbytes(lya[k]) + _nbytes(lyb[k]), lya[k], lyb[k]) for k in live]
