@@ -130,10 +130,15 @@ def _scales(cells: _Cells, side, rb) -> np.ndarray:
     return np.fmax(mx, mn)
 
 
-def demote_stat_columns(sp) -> None:
+def demote_stat_columns(sp, keys_of=None) -> None:
     """The rule on ``sp.cols`` (``verdict``/``reason`` changed in place), column-wise when the
-    module doc's condition holds, else by :func:`.noise_floor.demote_columns`."""
+    module doc's condition holds, else by :func:`.noise_floor.demote_columns`.  ``keys_of``:
+    a callable giving A's call keys (:class:`.stat_calls._KeysOnce`, shared with the summary
+    that reads the same keys after this; the rule changes no column they are made of)."""
     c = sp.cols
+    if keys_of is None:
+        def keys_of():
+            return _call_keys(c)
     verdicts, reasons = c["verdict"], c["reason"]
     n = len(verdicts)
     is_cand = np.fromiter(map(CANDIDATE_VERDICTS.__contains__, verdicts), dtype=bool, count=n)
@@ -149,14 +154,14 @@ def demote_stat_columns(sp) -> None:
                                                                                      count=n)
     stat = np.fromiter(map("statistics".__eq__, mode), dtype=bool, count=n)
     if (compared & ~stat).any() or not hasattr(sp, "sides") or "row_a" not in c:
-        demote_columns(verdicts, reasons, c["same"], lambda: _call_keys(c), sp.tensors,
+        demote_columns(verdicts, reasons, c["same"], keys_of, sp.tensors,
                        lambda: compared_dtypes(c["dtype_a"], c["dtype_b"], kind, mode, verdicts))
         return
     low = lowest_precision(compress(zip(c["dtype_a"], c["dtype_b"]), compared.tolist()))
     if low is None:
         return
     cand = np.flatnonzero(is_cand & compared).tolist()
-    keys = _call_keys(c)
+    keys = keys_of()
     want = set(map(keys.__getitem__, cand))
     if not want:
         return

@@ -302,20 +302,20 @@ def column_summary(da, db, sp, sources, thresholds):
     _sources(sp, da, db, sources)
     c = sp.cols
     n = len(c["rank"])
+    keys = _KeysOnce(c)                                         # A's call keys, made once for all below
     # a precision compare's rounding noise is not diverged (.noise_floor): before anything reads verdicts
-    demote_stat_columns(sp)                                     # .noise_columns
+    demote_stat_columns(sp, keys)                               # .noise_columns
     # compared: identical known, or a mode and a verdict other than unreadable/unmatched
     compared = _mask(map(operator.is_not, c["identical"], repeat(None)), n) | (
         _mask(map(bool, c["mode"]), n) & ~_mask(map(_NOT_COMPARED.__contains__, c["verdict"]), n))
     same_at = _mask(map(bool, c["same"]), n)[compared]
     same = bool(len(same_at)) and bool(same_at.all())
-    keys = _KeysOnce(c)                                         # A's call keys, made once for all below
     fdiff, nondet_d = _first_difference(sp, sources, keys) if same else (None, [])
     fdiv, nondet, params = _first_divergence(sp, sources, keys)
     rule, note = rule_of(same, int((~same_at).sum()), len(same_at), thresholds)
     if "has_a" in c:                                            # some tensors alone (.stat_onesided)
         matched_by = dict(Counter(compress(c["match"], map(operator.and_, c["has_a"], c["has_b"]))))
-        n_a, m_a, n_b, m_b = call_counts(c, n)
+        n_a, m_a, n_b, m_b = call_counts(c, n, keys)
         ops = {"calls_a": n_a, "matched_a": m_a, "calls_b": n_b, "matched_b": m_b}
     else:
         matched_by = dict(Counter(c["match"]))                   # first seen first, as the loop counted
