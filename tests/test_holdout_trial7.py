@@ -29,6 +29,7 @@ import csv
 import glob
 import json
 import os
+import warnings
 
 import pytest
 import torch
@@ -122,8 +123,6 @@ class Cached(nn.Module):
         return y
 
 
-@pytest.mark.xfail(strict=True, reason="B1: graph-mode watcher: an in-graph write to a watched intermediate "
-                                       "through .data is functionalised away and reported as no change")
 def test_graph_watcher_names_the_data_overwrite(tmp_path):
     torch.manual_seed(0)
     model = Cached()
@@ -140,3 +139,36 @@ def test_graph_watcher_names_the_data_overwrite(tmp_path):
             firsts.append(first)
     assert firsts, "no watched output changed"
     assert any("BUG_LINE" in json.dumps(c) for c in firsts), firsts
+
+
+class Router(nn.Module):
+    """Mixtral's router: top-k of a softmax, renormalised in place (``div_`` of a tensor that requires grad)."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = nn.Linear(8, 4)
+
+    def forward(self, x):
+        w, _ = self.gate(x).softmax(-1).topk(2, -1)
+        w /= w.sum(-1, keepdim=True)
+        return w
+
+
+@pytest.mark.xfail(strict=True, reason="B4: the native eager observer stops at an in-place div_ whose autograd "
+                                       "kernel clones its input (Mixtral's router); the Python capture then serves "
+                                       "every step (7x plain eager on a tiny Mixtral)")
+def test_native_eager_serves_an_inplace_div_of_a_grad_tensor(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPDUMP_NATIVE_EAGER", "1")      # 1: the fallback warns
+    torch.manual_seed(0)
+    model = Router()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cfg = _config(tmp_path, {"iteration": "all", "saved_data": "statistic"})
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        with opdump.Session(cfg) as s, EagerCapture(s):
+            for _ in range(3):
+                model(torch.randn(4, 8)).pow(2).sum().backward()
+                opt.step()
+                opt.zero_grad()
+    stopped = [str(w.message) for w in record if "native eager capture" in str(w.message)]
+    assert not stopped, stopped
