@@ -208,6 +208,31 @@ class Watcher:
         for name, slots in slots_of.items():
             self._snapshot(self._held[name], op, "change", slots)
 
+    def replaced(self, op, watched: str, slot: int, value) -> None:
+        """Graph mode: ``op`` computed the new value of output ``slot`` of the watched operator
+        ``watched`` -- an in-place write to that output (or to an alias of it, ``.data``) that
+        AOTAutograd's functionalisation turned into an operator making a new tensor, which the
+        graph's later readers take instead.  From here on that tensor is the watched value;
+        when its values differ from the last seen, the change is ``op``'s (witness ``write``)."""
+        if self._broken:
+            return
+        try:
+            held = self._held.get(watched)
+            if held is None or slot >= len(held.tensors) or held.prints[slot] is None \
+                    or not isinstance(value, torch.Tensor):
+                return
+            new = fingerprint(value)
+            if new is None or new.device != held.prints[slot].device:
+                return
+            held.tensors[slot], held.storages[slot], held.versions[slot] = value, _storage(value), _version(value)
+            if not _differs([held.prints[slot]], [new])[0]:
+                return
+            held.prints[slot] = new
+            self._changes.append(self._event(held, slot, op, "write"))
+            self._snapshot(held, op, "change", [slot])
+        except Exception as exc:   # noqa: BLE001 - never into the training thread
+            self._fail(exc)
+
     def _event(self, held: _Held, slot: int, op, witness: str) -> dict:
         w_src, w_code = _source(held.op, self._lookup)
         event = {"watched": held.op.full_name, "watched_type": held.op.op_type, "watched_order": held.op.index,
