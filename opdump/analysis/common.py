@@ -16,6 +16,7 @@ __all__ = [
     "EMPTY_OPS", "OVERWRITE_OPS", "RANDOM_OPS", "base_op_type", "is_garbage", "is_random_op",
     "iter_chunks", "array_nonfinite", "stats_nonfinite", "is_float_row", "CHUNK_ELEMS",
     "read_error", "stat_errors_of", "stat_problems", "table_stat_problems", "nothing_to_analyse",
+    "absent_selection",
 ]
 
 #: operators whose outputs are uninitialised memory
@@ -148,6 +149,37 @@ def nothing_to_analyse(dump: Any, what: str) -> str:
     looked = ", ".join(where[:4]) + (f" (+{len(where) - 4} more)" if len(where) > 4 else "") if where \
         else str(getattr(dump, "path", "?"))
     return f"nothing to analyse: no {what} in {looked}"
+
+
+def _few(values: list, most: int = 8) -> str:
+    shown = ", ".join(str(v) for v in values[:most])
+    return (shown + f", … ({len(values)} in all)" if len(values) > most else shown) or "none"
+
+
+def absent_selection(dump: Any, rank: Optional[int] = None, graph: Optional[int] = None,
+                     iterations: Optional[list] = None) -> str:
+    """Why a ``--rank``/``--graph``/``--iteration(s)`` selection cannot select anything: the
+    dump holds no such rank, no such graph (in that rank), or none of those iterations --
+    one line naming what was asked and what the dump holds ("" when each is there, or the
+    dump lists no graphs or iterations to judge by: an empty dump is reported as such).  A
+    mistyped filter is an error, not a clean "nothing found" (README, "Command line")."""
+    where = getattr(dump, "path", "?")
+    if rank is not None and rank not in dump.ranks:
+        return f"{where} holds no rank {rank} (its ranks: {_few(dump.rank_ids)})"
+    ranks = [dump.ranks[rank]] if rank is not None else list(dump.ranks.values())
+    of_rank = f" in rank {rank}" if rank is not None else ""
+    if graph is not None:
+        graphs = sorted({g for r in ranks for g in r.graphs})
+        if graphs and graph not in graphs:
+            return f"{where} holds no graph {graph}{of_rank} (its graphs: {_few(graphs)})"
+    if iterations is not None:
+        asked = sorted({int(i) for i in iterations})
+        held = sorted({it.iteration for r in ranks for it in r.iterations
+                       if it.iteration is not None and (graph is None or it.graph == graph)})
+        if asked and held and not set(asked) & set(held):
+            name = "iteration" if len(asked) == 1 else "iterations"
+            return f"{where} holds no {name} {_few(asked)}{of_rank} (its iterations: {_few(held)})"
+    return ""
 
 
 def array_nonfinite(path_or_array, chunk: int = CHUNK_ELEMS) -> Optional[dict]:

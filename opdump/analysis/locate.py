@@ -141,6 +141,8 @@ def locate_op(dump: Dump, name: str, rank: Optional[int] = None) -> List[LocateH
         # operators known only from their files (no graph files in the dump)
         import pandas as pd
         rec = dump.records()
+        if rank is not None and not rec.empty:
+            rec = rec[rec["rank"] == rank]
         if not rec.empty:
             low = name.lower()
             sel = rec[(rec["op"] == name) | (rec["op_file"] == sanitize(name))

@@ -3,8 +3,11 @@
 calls :func:`register` with its subparsers.  Each command's ``func(args)``
 returns the exit code:
 
-* ``ls``: 0, 2 on error (an empty dump: nothing to analyse).
+* ``ls``: 0, 2 on error (an empty dump, or a selection that selects nothing: nothing to analyse).
 * ``locate``: 0 operators found, 1 none, 2 error (an empty dump: nothing to analyse).
+
+``ls``, ``locate``, ``overflow`` and ``watch`` refuse a ``--rank`` (``--graph``, ``--iteration(s)``)
+the dump does not hold, naming what it holds (exit 2), before any work.
 * ``overflow``: 0 no NaN/Inf found, 1 found, 2 error (nothing to analyse, or no file readable).
 * ``compare``: 0 no divergence, 1 a diverging operator or parameter, 2 error (no operator of A
   paired with one of B included: nothing was compared).
@@ -35,8 +38,9 @@ def _unreadable_json(unreadable):
     return [{"path": p, "reason": r} for p, r in unreadable]
 
 
-def parse_iterations(text: Optional[str]) -> Optional[List[Any]]:
-    """``0|5-8`` / ``0,2`` -> [0, 5, 6, 7, 8]; ``3:4`` pairs iteration 3 of A with 4 of B."""
+def parse_iterations(text: Optional[str], pairs: bool = False) -> Optional[List[Any]]:
+    """``0|5-8`` / ``0,2`` -> [0, 5, 6, 7, 8]; with ``pairs`` (compare), ``3:4`` pairs iteration
+    3 of A with 4 of B (elsewhere a pair is a ValueError naming the value)."""
     if text is None or str(text).strip() in ("", "all"):
         return None
     out: List[Any] = []
@@ -45,22 +49,41 @@ def parse_iterations(text: Optional[str]) -> Optional[List[Any]]:
         if not tok:
             continue
         if ":" in tok:
+            if not pairs:
+                raise ValueError(f"iterations {text!r}: {tok!r} is a pair of iterations, which only compare "
+                                 "takes (iteration of A:iteration of B); here give iterations, e.g. \"0|5-8\"")
             a, b = tok.split(":", 1)
-            out.append((int(a), int(b)))
+            out.append((_iteration(a, tok, text), _iteration(b, tok, text)))
         elif "-" in tok[1:]:
             lo, hi = tok.split("-", 1)
-            lo_i, hi_i = int(lo), int(hi)
+            lo_i, hi_i = _iteration(lo, tok, text), _iteration(hi, tok, text)
             if lo_i > hi_i:
                 raise ValueError(f"iterations {text!r}: range start {lo_i} is after end {hi_i}")
             out.extend(range(lo_i, hi_i + 1))
         else:
-            out.append(int(tok))
+            out.append(_iteration(tok, tok, text))
     return out
+
+
+def _iteration(word: str, tok: str, text: str) -> int:
+    """One iteration number of an ``--iterations`` value; a ValueError naming the value otherwise."""
+    try:
+        return int(word)
+    except ValueError:
+        raise ValueError(f"iterations {text!r}: {tok.strip()!r} is not an iteration number, a range (5-8) "
+                         "or a pair (3:4); e.g. \"0|5-8\"") from None
 
 
 def _open(path):
     from opdump.analysis.reader import open_dump
     return open_dump(path)
+
+
+def _absent(d, rank: Optional[int], iterations: Optional[List[Any]] = None) -> str:
+    """A ``--rank`` or ``--iterations`` the dump does not hold: the error naming it and what the
+    dump holds (:func:`opdump.analysis.common.absent_selection`), "" when it holds them."""
+    from opdump.analysis.common import absent_selection
+    return absent_selection(d, rank=rank, iterations=iterations)
 
 
 def _pd_print(df, limit: Optional[int] = None) -> None:
@@ -88,6 +111,9 @@ def cmd_locate(args) -> int:
     if d.ops().empty and d.records().empty:
         from opdump.analysis.common import nothing_to_analyse
         return _err(nothing_to_analyse(d, "operators, tensor files or statistics rows"))
+    absent = _absent(d, args.rank)
+    if absent:
+        return _err(absent)
     hits = locate(d, args.where, rank=args.rank, any_frame=args.any_frame)
     if args.json:
         print(json.dumps([h.to_dict() for h in hits], indent=1))
@@ -139,6 +165,9 @@ def cmd_overflow(args) -> int:
         its = parse_iterations(args.iterations)
     except Exception as e:  # noqa: BLE001
         return _err(str(e))
+    absent = _absent(d, args.rank, its)
+    if absent:
+        return _err(absent)
     rep = find_overflow(d, rank=args.rank, iterations=its, max_affected=args.max_affected,
                         use_tensors=not args.stats_only, progress=not args.quiet)
     _report_unreadable("overflow", rep.unreadable)
@@ -223,7 +252,7 @@ def cmd_compare(args) -> int:
         return _err("compare needs two dumps A and B (or --ranks DUMP)")
     from opdump.analysis.compare import Thresholds, compare
     try:
-        its = parse_iterations(args.iterations)
+        its = parse_iterations(args.iterations, pairs=True)
         th = Thresholds(**{k: v for k, v in (("cos_fail", args.cos_fail), ("cos_strict", args.cos_strict),
                                                ("abs_fail", args.abs_fail)) if v is not None})
         res = compare(args.a, args.b, mapping=args.mapping, rank=args.rank, rank_b=args.rank_b,
@@ -293,6 +322,9 @@ def cmd_watch(args) -> int:
         its = parse_iterations(args.iterations)
     except Exception as e:  # noqa: BLE001
         return _err(str(e))
+    absent = _absent(d, args.rank, its)
+    if absent:
+        return _err(absent)
     hits = watch(d, conds, rank=args.rank, iterations=its, op=args.op, io=args.io, target=args.target,
                  progress=not args.quiet, limit=args.limit)
     _report_unreadable("watch", hits.unreadable)
@@ -376,7 +408,7 @@ def register(subparsers) -> None:
     p.add_argument("--csv", default="opdump_compare.csv", help="full table as CSV (default opdump_compare.csv; '-' "
                                                                "prints it)")
     p.add_argument("--html", help="write a self-contained HTML report with plots")
-    p.add_argument("--workers", type=int, help="worker processes (default: CPU count, at most 8)")
+    p.add_argument("--workers", type=int, help="worker processes (default: the CPUs this process may use, at most 8)")
     p.add_argument("--show", type=int, default=10, help="print this many non-passing tensors (default 10)")
     p.add_argument("--cos-fail", type=float, help="diverged when cosine is below this (default 0.9)")
     p.add_argument("--cos-strict", type=float, help="diverged when cosine below this and abs err > 1e-3 (default 0.99)")

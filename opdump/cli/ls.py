@@ -1,6 +1,7 @@
 """``opdump ls``: a dump's summary per rank/graph/iteration, its operators, tensor files or
 statistics rows, and the debug modes' findings (exception records, watcher changes).
-Exit code 0, 2 on error (an empty dump: nothing to analyse; an exception dump in which no
+Exit code 0, 2 on error (an empty dump, a ``--rank``/``--graph``/``--iteration`` the dump does
+not hold, or a listing that selects nothing: nothing to analyse; an exception dump in which no
 operator raised is a result: "no operator raised", exit 0)."""
 from __future__ import annotations
 
@@ -33,6 +34,16 @@ def _select(df, args, iterations):
     return df
 
 
+def _nothing_selected(d, args, iterations, what: str) -> int:
+    """Exit 2: the listing or summary the user asked for holds no row (README, "Command line":
+    filters that select nothing are never a clean result); the message names the selection."""
+    from opdump.analysis.common import nothing_to_analyse
+    sel = ([f"rank {args.rank}"] if args.rank is not None else []) + (
+        [f"graph {args.graph}"] if args.graph is not None else []) + (
+        [f"iterations {sorted(set(iterations))}"] if iterations is not None else [])
+    return _err(nothing_to_analyse(d, what + (f" ({', '.join(sel)})" if sel else "")))
+
+
 def cmd_ls(args) -> int:
     try:
         d = _open(args.path)
@@ -42,6 +53,10 @@ def cmd_ls(args) -> int:
         its = parse_iterations(args.iteration)
     except ValueError as e:
         return _err(str(e))
+    from opdump.analysis.common import absent_selection
+    absent = absent_selection(d, args.rank, args.graph, its)
+    if absent:
+        return _err(absent)
     rec = _select(d.records(), args, its)
     print(f"dump: {d.path}")
     clean_exception_dumps = 0               # ranks whose exception dump recorded no exception
@@ -68,6 +83,10 @@ def cmd_ls(args) -> int:
         if not records and is_exception_dump(r.manifest, r.data_dump):
             print(f"  {clean_line(r.complete)}")
             clean_exception_dumps += 1
+    if d.records().empty and d.ops().empty:          # an empty dump, whatever was asked
+        if clean_exception_dumps:
+            return 0                                # a clean exception dump: said above, per rank
+        return _nothing_selected(d, args, None, "operators, tensor files or statistics rows")
     if not (args.ops or args.tensors or args.stats):
         from opdump.analysis.watcher_report import ls_lines      # watcher mode's findings, one line per iteration
         for line in ls_lines(args.path):
@@ -77,6 +96,8 @@ def cmd_ls(args) -> int:
         ops = ops.assign(source=[f"{f}:{int(l)}" if isinstance(f, str) and l == l and l is not None else ""
                                  for f, l in zip(ops["file"], ops["line"])])
         cols = ["rank", "graph", "index", "kind", "op_type", "full_name", "source"]
+        if ops.empty:
+            return _nothing_selected(d, args, None, "operators")
         if args.csv:
             _save_csv(ops, args.csv)
             print(f"wrote {len(ops)} operators to {args.csv}")
@@ -93,6 +114,8 @@ def cmd_ls(args) -> int:
             df = _select(d.tensors(), args, its)
             cols = ["rank", "graph", "iteration", "op", "io", "slot", "dtype", "shape", "nbytes"] + (
                 ["source"] if args.paths else [])      # source: the path, or {bin file}:{io}.{slot}
+        if df.empty:
+            return _nothing_selected(d, args, its, "statistics rows" if args.stats else "tensor files")
         if args.csv:
             _save_csv(df, args.csv)
             print(f"wrote {len(df)} rows to {args.csv}")
@@ -100,13 +123,7 @@ def cmd_ls(args) -> int:
             _pd_print(df[cols], args.limit)
         return 0
     if rec.empty:
-        if d.records().empty and d.ops().empty and clean_exception_dumps:
-            return 0                                # a clean exception dump: said above, per rank
-        if d.records().empty and d.ops().empty:      # not a narrow selection: an empty dump
-            from opdump.analysis.common import nothing_to_analyse
-            return _err(nothing_to_analyse(d, "operators, tensor files or statistics rows"))
-        print("no tensors and no statistics")
-        return 0
+        return _nothing_selected(d, args, its, "tensor files or statistics rows")
     summ = d.summary()
     summ = summ[summ["rank"].isin(set(rec["rank"])) & summ["graph"].isin(set(rec["graph"]))]
     if its is not None:

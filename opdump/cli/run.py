@@ -17,7 +17,7 @@ import functools
 import os
 import runpy
 import sys
-from typing import Iterator, List
+from typing import Iterator, List, Optional
 
 _DESCRIPTION = "Run SCRIPT with dumping configured by --config or $OPDUMP_CONFIG."
 
@@ -81,8 +81,49 @@ def _divergence_stop(exc: BaseException):
     return exc if isinstance(exc, DivergenceStop) else None
 
 
+def _no_module(name: str) -> str:
+    """What ``python -m`` says when module ``name`` cannot be found ("" when it can), the
+    current folder first on sys.path as there.  Finding ``a.b`` imports the package ``a``."""
+    import importlib.util
+    sys.path.insert(0, os.getcwd())
+    try:
+        found = importlib.util.find_spec(name) is not None
+        why = f"No module named {name}"
+    except (ImportError, ValueError) as exc:
+        found, why = False, f"Error while finding module specification for {name!r} ({type(exc).__name__}: {exc})"
+    finally:
+        sys.path.pop(0)
+    return "" if found else why
+
+
+def missing(script: Optional[str], module: Optional[str] = None) -> str:
+    """Why the script or module cannot be run (what Python would say), "" when it can be.
+    Checked before the session opens (and by ``opdump triage`` before run 1): no traceback of
+    opdump's and no dump folder for a mistyped name (a dotted module's own package: its rest
+    is checked once the session is open, as finding it imports the package, which python -m
+    does after the start as well)."""
+    if module:
+        return _no_module(module.split(".", 1)[0])
+    if os.path.isdir(script):
+        if os.path.isfile(os.path.join(script, "__main__.py")):
+            return ""
+        return f"can't find '__main__' module in {os.path.abspath(script)!r}"
+    if not os.path.isfile(script):
+        return f"can't open file {os.path.abspath(script)!r}: no such file"
+    return ""
+
+
+def _exit_missing(args: argparse.Namespace, why: str) -> int:
+    """Python's message and status: 2 for a script file it cannot open, 1 otherwise."""
+    print(f"opdump run: error: {why}", file=sys.stderr)
+    return 2 if not args.module and why.startswith("can't open") else 1
+
+
 def main_run(argv: List[str]) -> int:
     args = _parse(argv)
+    why = missing(args.script, args.module)
+    if why:
+        return _exit_missing(args, why)
     from ..config import ConfigError      # here: the other commands (compare…) never load the config package
     from ..session import Session
     try:
@@ -101,6 +142,9 @@ def main_run(argv: List[str]) -> int:
             if args.module:
                 sys.argv = [args.module, *args.args]
                 sys.path.insert(0, os.getcwd())        # as `python -m` does
+                why = _no_module(args.module) if "." in args.module else ""
+                if why:
+                    return _exit_missing(args, why)
                 runpy.run_module(args.module, run_name="__main__", alter_sys=True)
             else:
                 script = os.path.abspath(args.script)
