@@ -30,6 +30,8 @@ def cli(capsys):
         shown = warnings.formatwarning
         try:
             code = main([str(a) for a in args])
+        except SystemExit as exc:           # argparse's refusal of an option value
+            code = exc.code
         finally:
             warnings.formatwarning = shown
         out, err = capsys.readouterr()
@@ -150,3 +152,16 @@ def test_triage_of_a_script_that_does_not_exist(cli, tmp_path):
     r = cli("triage", "--out", tmp_path / "tri", "-q", "--", tmp_path / "nosuch.py")
     _refused(r, "can't open file", "nosuch.py")
     assert not (tmp_path / "tri").exists()
+
+
+@pytest.mark.parametrize("args, words", [
+    (["ls", SAMPLE, "--limit", "-1"], ["--limit", "-1 is below 0"]),      # printed all rows but one, "… 3 more"
+    (["watch", SAMPLE, "--cond", "nan", "--limit", "0"], ["--limit", "0 is below 1"]),   # "no hit (0 checked)", 0
+    (["compare", SAMPLE, SAMPLE, "--workers", "-3"], ["--workers", "-3 is below 1"]),
+    (["compare", SAMPLE, SAMPLE, "--show", "x"], ["--show", "'x' is not a whole number"]),
+    (["overflow", SAMPLE, "--max-affected", "-2"], ["--max-affected"]),
+    (["triage", "--max-suspects", "0", "--", "t.py"], ["--max-suspects"]),
+    (["compare", SAMPLE, SAMPLE, "--ranks", SAMPLE], ["leave A and B out"]),          # A and B were ignored
+])
+def test_counts_out_of_range_and_ignored_operands_are_refused(cli, args, words):
+    _refused(cli(*args), *words)

@@ -15,6 +15,7 @@ the dump does not hold, naming what it holds (exit 2), before any work.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
@@ -72,6 +73,21 @@ def _iteration(word: str, tok: str, text: str) -> int:
     except ValueError:
         raise ValueError(f"iterations {text!r}: {tok.strip()!r} is not an iteration number, a range (5-8) "
                          "or a pair (3:4); e.g. \"0|5-8\"") from None
+
+
+def count(least: int):
+    """An argparse ``type``: an integer of at least ``least`` (``--limit -1`` printed all but the
+    last row and "… 3 more rows", ``--workers -3`` or ``watch --limit 0`` went unnoticed)."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if n < least:
+            raise argparse.ArgumentTypeError(f"{n} is below {least}")
+        return n
+    parse.__name__ = "count"
+    return parse
 
 
 def _open(path):
@@ -246,6 +262,9 @@ def cmd_overflow(args) -> int:
 
 def cmd_compare(args) -> int:
     if getattr(args, "ranks", None):        # rank consistency of one dump: opdump.cli.ranks
+        if args.a or args.b:
+            return _err("compare --ranks DUMP checks one dump's ranks: leave A and B out (or compare A B "
+                        "without --ranks)")
         from .ranks import cmd_compare_ranks
         return cmd_compare_ranks(args)
     if not args.a or not args.b:
@@ -381,7 +400,7 @@ def register(subparsers) -> None:
     p.add_argument("path")
     p.add_argument("--rank", type=int)
     p.add_argument("--iterations", help="only these iterations, e.g. 3|5-8")
-    p.add_argument("--max-affected", type=int, default=5)
+    p.add_argument("--max-affected", type=count(0), default=5)
     p.add_argument("--stats-only", action="store_true", help="never read tensor data")
     p.add_argument("--html", help="write a self-contained HTML report (NaN/Inf per iteration, trends, origin)")
     p.add_argument("--json", action="store_true")
@@ -408,8 +427,8 @@ def register(subparsers) -> None:
     p.add_argument("--csv", default="opdump_compare.csv", help="full table as CSV (default opdump_compare.csv; '-' "
                                                                "prints it)")
     p.add_argument("--html", help="write a self-contained HTML report with plots")
-    p.add_argument("--workers", type=int, help="worker processes (default: the CPUs this process may use, at most 8)")
-    p.add_argument("--show", type=int, default=10, help="print this many non-passing tensors (default 10)")
+    p.add_argument("--workers", type=count(1), help="worker processes (default: the CPUs this process may use, at most 8)")
+    p.add_argument("--show", type=count(0), default=10, help="print this many non-passing tensors (default 10)")
     p.add_argument("--cos-fail", type=float, help="diverged when cosine is below this (default 0.9)")
     p.add_argument("--cos-strict", type=float, help="diverged when cosine below this and abs err > 1e-3 (default 0.99)")
     p.add_argument("--abs-fail", type=float, help="diverged when max abs error above this (default 1, scaled)")
@@ -433,7 +452,7 @@ def register(subparsers) -> None:
     p.add_argument("--io", choices=["input", "output"])
     p.add_argument("--target", choices=["params", "ops", "all"],
                    help="what to watch (default: params for change conditions, all otherwise)")
-    p.add_argument("--limit", type=int, help="stop after this many hits")
+    p.add_argument("--limit", type=count(1), help="stop after this many hits")
     p.add_argument("--csv", help="write the hits to this CSV file")
     p.add_argument("--html", help="write a self-contained HTML report (hits, NaN/Inf per iteration, trends)")
     p.add_argument("--json", action="store_true")

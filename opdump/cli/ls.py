@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from opdump.analysis.whole_files import replace_whole
 
-from .analysis_commands import _err, _open, _pd_print, parse_iterations
+from .analysis_commands import _err, _open, _pd_print, count, parse_iterations
 
 
 def _save_csv(df, path: str) -> None:
@@ -153,6 +153,6 @@ def register_ls(subparsers) -> None:
     p.add_argument("--graph", type=int)
     p.add_argument("--iteration", help="iterations, e.g. 0|5-8")
     p.add_argument("--paths", action="store_true", help="with --tensors: show file paths")
-    p.add_argument("--limit", type=int, default=200, help="rows to print (default 200)")
+    p.add_argument("--limit", type=count(0), default=200, help="rows to print (default 200)")
     p.add_argument("--csv", help="write the table to this CSV file instead of printing it")
     p.set_defaults(func=cmd_ls)

@@ -12,6 +12,8 @@ import json
 import sys
 from typing import List
 
+from .analysis_commands import count
+
 _DESCRIPTION = ("Run 1 dumps statistics of every operator; the suspects are found (the first NaN/Inf origin, "
                 "--cond watchpoint hits, or the first difference against --reference); run 2 dumps whole tensors "
                 "of only the suspects (and their inputs' producers) at only the suspect iterations; the report "
@@ -29,7 +31,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cond", action="append", help="suspects are watchpoint hits (repeatable; see opdump watch)")
     g.add_argument("--reference", help="suspects: the first difference from this reference dump (statistics, "
                                        "e.g. run 1 of a triage of the reference program)")
-    p.add_argument("--max-suspects", type=int, default=5, help="with --cond: at most this many operators")
+    p.add_argument("--max-suspects", type=count(1), default=5, help="with --cond: at most this many operators")
     p.add_argument("--no-html", action="store_true", help="no triage.html")
     p.add_argument("--show-output", action="store_true", help="echo the script's output (always in runN.log)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
