@@ -165,3 +165,31 @@ def test_triage_of_a_script_that_does_not_exist(cli, tmp_path):
 ])
 def test_counts_out_of_range_and_ignored_operands_are_refused(cli, args, words):
     _refused(cli(*args), *words)
+
+
+def test_demo_keeps_a_folder_it_did_not_write(cli, tmp_path):
+    """``opdump demo --out DIR`` removed DIR wholesale before writing (``--out .`` took the
+    current folder with it); now a folder holding anything but the demo's data_dump.json and
+    dump/ is refused, untouched."""
+    (tmp_path / "keep.txt").write_text("mine")
+    _refused(cli("demo", "--out", tmp_path, "--steps", "1"), "keep.txt", "new or empty folder")
+    assert (tmp_path / "keep.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("command, option", [
+    (["ls", SAMPLE], "--csv"), (["overflow", SAMPLE], "--html"), (["watch", SAMPLE, "--cond", "nan"], "--csv"),
+    (["watch", SAMPLE, "--cond", "nan"], "--html"), (["compare", SAMPLE, SAMPLE, "-q"], "--csv"),
+    (["compare", SAMPLE, SAMPLE, "-q"], "--html"),
+])
+def test_an_output_file_in_a_missing_folder_is_refused_first(cli, tmp_path, command, option):
+    """Before: the analysis ran, then writing the file raised: a traceback and exit 1, which
+    these commands use for "found" (a divergence, a hit)."""
+    target = tmp_path / "no_such_folder" / "out.file"
+    _refused(cli(*command, option, target), option, "no folder")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc (a folder no file can be made in)")
+def test_an_output_file_that_cannot_be_made_is_an_error(cli):
+    """A write that fails past the up-front check (here /proc, where no file can be created)
+    is "opdump ls: error: …", exit 2 (main's OSError net), not a traceback's 1."""
+    _refused(cli("ls", SAMPLE, "--csv", "/proc/opdump_f12.csv"), "opdump ls: error:", "opdump_f12")

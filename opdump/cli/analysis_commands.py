@@ -95,6 +95,25 @@ def _open(path):
     return open_dump(path)
 
 
+def unwritable(*outputs) -> str:
+    """Why an output file option (``("--csv", path)``…) cannot be written, "" when each can:
+    checked before the analysis runs, so that a long compare does not end in a traceback (exit 1,
+    which reads as "a divergence") for a mistyped folder.  ``-`` (stdout) and None pass."""
+    import os
+    for option, path in outputs:
+        if not path or path == "-":
+            continue
+        full = os.path.abspath(path)
+        parent = os.path.dirname(full)
+        if os.path.isdir(full):
+            return f"{option} {path}: is a folder"
+        if not os.path.isdir(parent):
+            return f"{option} {path}: no folder {parent}"
+        if not os.access(parent, os.W_OK):
+            return f"{option} {path}: folder {parent} is not writable"
+    return ""
+
+
 def _absent(d, rank: Optional[int], iterations: Optional[List[Any]] = None) -> str:
     """A ``--rank`` or ``--iterations`` the dump does not hold: the error naming it and what the
     dump holds (:func:`opdump.analysis.common.absent_selection`), "" when it holds them."""
@@ -181,7 +200,7 @@ def cmd_overflow(args) -> int:
         its = parse_iterations(args.iterations)
     except Exception as e:  # noqa: BLE001
         return _err(str(e))
-    absent = _absent(d, args.rank, its)
+    absent = _absent(d, args.rank, its) or unwritable(("--html", args.html))
     if absent:
         return _err(absent)
     rep = find_overflow(d, rank=args.rank, iterations=its, max_affected=args.max_affected,
@@ -269,6 +288,9 @@ def cmd_compare(args) -> int:
         return cmd_compare_ranks(args)
     if not args.a or not args.b:
         return _err("compare needs two dumps A and B (or --ranks DUMP)")
+    cannot = unwritable(("--csv", args.csv), ("--html", args.html))
+    if cannot:
+        return _err(cannot)
     from opdump.analysis.compare import Thresholds, compare
     try:
         its = parse_iterations(args.iterations, pairs=True)
@@ -341,7 +363,7 @@ def cmd_watch(args) -> int:
         its = parse_iterations(args.iterations)
     except Exception as e:  # noqa: BLE001
         return _err(str(e))
-    absent = _absent(d, args.rank, its)
+    absent = _absent(d, args.rank, its) or unwritable(("--csv", args.csv), ("--html", args.html))
     if absent:
         return _err(absent)
     hits = watch(d, conds, rank=args.rank, iterations=its, op=args.op, io=args.io, target=args.target,

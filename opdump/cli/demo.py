@@ -10,15 +10,22 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 
 from ..analysis.reader import open_dump
+from .analysis_commands import count
+
+#: what the demo writes in --out (and replaces on the next run); anything else there is not the demo's
+DEMO_FILES = frozenset({"data_dump.json", "dump"})
 
 
 def register(sub) -> None:
     p = sub.add_parser("demo", help="train a small built-in model with dump on, then analyse the dump")
-    p.add_argument("--out", default=os.path.abspath("demo_dump"), help="dump folder (default ./demo_dump)")
-    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--out", default=os.path.abspath("demo_dump"),
+                   help="the demo's folder: data_dump.json and dump/ (default ./demo_dump; a folder holding "
+                        "anything else is refused)")
+    p.add_argument("--steps", type=count(1), default=4, help="training steps (default 4)")
     p.add_argument("--iteration", default="0|2", help='iterations to dump (default "0|2")')
     p.add_argument("--saved-data", default="full", choices=["tensor", "statistic", "full"])
     p.add_argument("--backend", default="inductor", help="the real backend for iterations that do not dump")
@@ -34,7 +41,25 @@ def run_demo(args) -> int:
     from ..demo.models import AlexNet
 
     out = os.path.abspath(args.out)
-    shutil.rmtree(out, ignore_errors=True)
+    try:
+        held = set(os.listdir(out)) if os.path.isdir(out) else set()
+    except OSError as exc:
+        held, denied = set(), exc
+    else:
+        denied = None
+    if denied is not None or (os.path.exists(out) and not os.path.isdir(out)) or held - DEMO_FILES:
+        # the demo replaces only what it wrote: `--out .` or `--out ~/project` removed everything there
+        other = sorted(held - DEMO_FILES)[:3]
+        why = (f"cannot read it ({denied})" if denied is not None else "it is a file" if not os.path.isdir(out)
+               else f"it holds files the demo did not write ({', '.join(other)}{', …' if len(held - DEMO_FILES) > 3 else ''})")
+        print(f"opdump demo: error: --out {out}: {why}; give a new or empty folder", file=sys.stderr)
+        return 2
+    for name in held:                   # the previous demo's config and dump
+        path = os.path.join(out, name)
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        else:
+            os.remove(path)
     os.makedirs(out, exist_ok=True)
     config_path = os.path.join(out, "data_dump.json")
     config = {

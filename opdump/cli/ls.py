@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from opdump.analysis.whole_files import replace_whole
 
-from .analysis_commands import _err, _open, _pd_print, count, parse_iterations
+from .analysis_commands import _err, _open, _pd_print, count, parse_iterations, unwritable
 
 
 def _save_csv(df, path: str) -> None:
@@ -54,7 +54,7 @@ def cmd_ls(args) -> int:
     except ValueError as e:
         return _err(str(e))
     from opdump.analysis.common import absent_selection
-    absent = absent_selection(d, args.rank, args.graph, its)
+    absent = absent_selection(d, args.rank, args.graph, its) or unwritable(("--csv", args.csv))
     if absent:
         return _err(absent)
     rec = _select(d.records(), args, its)

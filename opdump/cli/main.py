@@ -62,6 +62,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         return code
     except BrokenPipeError:
         return _closed_pipe()
+    except OSError as exc:
+        # an analysis command's output file or a dump file it could not open: exit 2 (an error),
+        # never a traceback's 1, which these commands use for "found" (README, "Command line")
+        if args.command in _USER_CODE:
+            raise
+        print(f"opdump {args.command}: error: {exc}", file=sys.stderr)
+        return 2
     except ModuleNotFoundError as exc:
         # the analysis side imports pandas (an optional dependency) only when it needs it
         if exc.name not in ("pandas", "tqdm"):
