@@ -51,29 +51,6 @@ def _child(n: int, h: int, part: str, fields_of: Callable) -> None:
         os._exit(code)
 
 
-def _append_file(part: str, f) -> None:
-    """Append the bytes of the file ``part`` to the open (flushed) file ``f``: copied by the
-    kernel (``os.copy_file_range``: ~47 MB of a 172,000-row table never pass through this
-    process's memory, nor its page faults), else read and written in 4 MiB chunks."""
-    with open(part, "rb") as p:
-        copy = getattr(os, "copy_file_range", None)
-        if copy is not None:
-            src, dst = p.fileno(), f.buffer.fileno()
-            try:
-                while copy(src, dst, 1 << 30):       # offsets: both files' own (src from 0, dst at its end)
-                    pass
-                return
-            except OSError:                          # not supported here (file system, kernel): the copy below
-                p.seek(os.lseek(src, 0, os.SEEK_CUR))    # from where the kernel's copy stopped
-                os.lseek(dst, 0, os.SEEK_END)
-        while True:
-            chunk = p.read(1 << 22)
-            if not chunk:
-                break
-            f.buffer.write(chunk)
-        f.buffer.flush()
-
-
 def write_rows_in_halves(table, f, fields: Callable) -> Optional[bool]:
     """Write the rows of ``table`` to the open text file ``f`` (after its header), the
     second half made by a forked child when :func:`.open_pair.enabled` and the table has
@@ -118,7 +95,12 @@ def write_slices_in_halves(n: int, f, fields_of: Callable) -> Optional[bool]:
             last_mode = "here"
             return True
         f.flush()
-        _append_file(part, f)
+        with open(part, "rb") as p:
+            while True:
+                chunk = p.read(1 << 22)
+                if not chunk:
+                    break
+                f.buffer.write(chunk)
         last_mode = "child"
         return True
     finally:
