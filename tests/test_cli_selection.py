@@ -193,3 +193,13 @@ def test_an_output_file_that_cannot_be_made_is_an_error(cli):
     """A write that fails past the up-front check (here /proc, where no file can be created)
     is "opdump ls: error: …", exit 2 (main's OSError net), not a traceback's 1."""
     _refused(cli("ls", SAMPLE, "--csv", "/proc/opdump_f12.csv"), "opdump ls: error:", "opdump_f12")
+
+
+@pytest.mark.parametrize("option, words", [
+    (["--iteration", "x"], ["opdump demo: invalid config", "iteration", "'x'"]),
+    (["--backend", "nosuch_f12"], ["--backend nosuch_f12", "Invalid backend"]),
+])
+def test_demo_options_torch_or_the_config_refuse_are_one_line(cli, tmp_path, option, words):
+    """Before: ConfigError's traceback (exit 1) for --iteration x; torch's backend error after
+    the first step for --backend."""
+    _refused(cli("demo", "--out", tmp_path / "d", "--steps", "1", *option), *words)

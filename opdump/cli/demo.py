@@ -74,11 +74,24 @@ def run_demo(args) -> int:
         json.dump(config, f, indent=2)
     print(f"config: {config_path}")
 
+    from ..config import ConfigError
+    try:
+        from torch._dynamo.backends.registry import lookup_backend
+        lookup_backend(args.backend)
+    except Exception as exc:  # noqa: BLE001 - torch's InvalidBackend: a one-line error, before any training
+        print(f"opdump demo: error: --backend {args.backend}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        session = opdump.Session(config_path)
+    except ConfigError as exc:                   # e.g. --iteration x: one line, as opdump run says it
+        print(f"opdump demo: invalid config: {exc}", file=sys.stderr)
+        return 2
+
     torch.manual_seed(0)
     model = AlexNet()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
-    with opdump.Session(config_path) as session:
+    with session:
         compiled = torch.compile(model, backend=session.backend(args.backend))
         for step in range(args.steps):
             x = torch.randn(4, 3, 227, 227)
