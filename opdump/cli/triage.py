@@ -57,8 +57,7 @@ def cmd_triage(args) -> int:
         print("opdump triage: error: give the script after --: opdump triage -- train.py args…", file=sys.stderr)
         return EXIT_ERROR
     from .run import missing
-    why = missing(script[1] if script[0] == "-m" and len(script) > 1 else script[0],
-                  script[1] if script[0] == "-m" and len(script) > 1 else None)
+    why = missing(script[0], script[1] if script[0] == "-m" and len(script) > 1 else None)
     if why:                                 # before run 1: no triage folder for a mistyped name
         print(f"opdump triage: error: {why}", file=sys.stderr)
         return EXIT_ERROR
