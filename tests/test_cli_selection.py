@@ -203,3 +203,13 @@ def test_demo_options_torch_or_the_config_refuse_are_one_line(cli, tmp_path, opt
     """Before: ConfigError's traceback (exit 1) for --iteration x; torch's backend error after
     the first step for --backend."""
     _refused(cli("demo", "--out", tmp_path / "d", "--steps", "1", *option), *words)
+
+
+def test_watch_op_that_is_not_a_regular_expression(cli):
+    """Before: re.error's traceback, exit 1 -- which watch uses for "hits"."""
+    _refused(cli("watch", SAMPLE, "--cond", "nan", "--op", "["), "--op '['", "not a regular expression")
+
+
+def test_watcher_of_a_path_that_does_not_exist(cli, tmp_path):
+    """Before: "no watcher.json below …", as if the folder were there."""
+    _refused(cli("watcher", tmp_path / "nothing_here"), "nothing_here", "no such file or directory")

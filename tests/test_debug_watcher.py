@@ -342,6 +342,7 @@ def test_cli_watcher_and_ls(tmp_path):
     assert r.returncode == 0, r.stderr
     (doc,) = json.loads(r.stdout)
     assert doc["first_change"] is None and len(doc["snapshot_files"]) == 1
+    (tmp_path / "nothing").mkdir()               # a folder without watcher.json (a missing path: its own error)
     r = _cli("watcher", str(tmp_path / "nothing"))
     assert r.returncode == 2 and "no watcher.json" in r.stderr
 

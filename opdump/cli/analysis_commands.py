@@ -363,6 +363,12 @@ def cmd_watch(args) -> int:
         its = parse_iterations(args.iterations)
     except Exception as e:  # noqa: BLE001
         return _err(str(e))
+    if args.op is not None:
+        import re
+        try:
+            re.compile(args.op)
+        except re.error as e:               # was a traceback, exit 1 ("hits")
+            return _err(f"--op {args.op!r} is not a regular expression: {e}")
     absent = _absent(d, args.rank, its) or unwritable(("--csv", args.csv), ("--html", args.html))
     if absent:
         return _err(absent)

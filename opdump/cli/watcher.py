@@ -12,6 +12,10 @@ import sys
 
 def cmd_watcher(args) -> int:
     from ..analysis.watcher_report import describe_change, load_watcher
+    import os
+    if not os.path.exists(args.path):
+        print(f"opdump: error: {args.path}: no such file or directory", file=sys.stderr)
+        return 2
     found = load_watcher(args.path)
     if not found:
         print(f"opdump: error: no watcher.json below {args.path} (was it dumped with dump_scene \"watcher\" "
