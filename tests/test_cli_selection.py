@@ -55,6 +55,7 @@ def _refused(r, *words):
     (["--stats"], ["no statistics rows"]),               # a tensor-only dump: nothing to list
     (["--iteration", "x"], ["'x' is not an iteration number"]),
     (["--iteration", "0:1"], ["only compare"]),           # a pair is compare's (was a TypeError)
+    (["--stats", "--paths"], ["--paths", "with --tensors"]),   # was ignored
 ])
 def test_ls_selecting_nothing_is_an_error_naming_it(cli, args, words):
     """Before: "no tensors and no statistics" or an "Empty DataFrame" listing, exit 0; "invalid

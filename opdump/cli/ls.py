@@ -53,6 +53,8 @@ def cmd_ls(args) -> int:
         its = parse_iterations(args.iteration)
     except ValueError as e:
         return _err(str(e))
+    if args.paths and not args.tensors:
+        return _err("--paths lists the tensor files' paths: give it with --tensors")
     from opdump.analysis.common import absent_selection
     absent = absent_selection(d, args.rank, args.graph, its) or unwritable(("--csv", args.csv))
     if absent:
