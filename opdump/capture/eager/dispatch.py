@@ -122,7 +122,9 @@ class OperatorPath:
     def _phase(self, state: IterationState, node) -> Optional[Phase]:
         """Where the operator runs; None when the capture leaves it alone."""
         if node is not None:
-            return None if node.name().startswith("CompiledFunction") else Phase.BACKWARD
+            if node.name().startswith("CompiledFunction"):
+                return None
+            return Phase.RECOMPUTE if self.tracker.again and self.tracker.stack else Phase.BACKWARD
         if self._optimizers:
             return Phase.OPTIMIZER
         if self.tracker.stack:
@@ -309,6 +311,9 @@ class OperatorPath:
         if phase is Phase.BACKWARD:
             scope, ids, forward_sources = self._backward_scope(state, node)
             return scope, ids, forward_sources or sources
+        if phase is Phase.RECOMPUTE:        # a forward made again in the backward (mode.py _module_again)
+            top = self.tracker.stack[-1]
+            return backward_scope(top.scope), top.ids, sources
         if phase is Phase.OPTIMIZER:
             return f"Default/optimizer-{self._optimizers[-1]}", (), sources
         return TOP[0], TOP[1], sources

@@ -88,7 +88,7 @@ import torch
 from torch.nn.utils.parametrize import ParametrizationList
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from .dispatch import OperatorPath, _DumpMode
+from .dispatch import OperatorPath, _DumpMode, _current_node
 from .native import NativeEager
 from .parameters import index_parameters, parameters_to_dump
 from .scopes import ScopeTracker, display_class, is_compiled_wrapper
@@ -360,6 +360,9 @@ class EagerCapture(NativeEager, OperatorPath):
         if module._forward_hooks:
             self._hook_last(module)
         if not tracker.stack:
+            if _current_node() is not None:
+                self._module_again(module)
+                return
             if self.roots is not None and id(module) not in self.roots:
                 return
             self._enter_root(module)
@@ -369,6 +372,23 @@ class EagerCapture(NativeEager, OperatorPath):
             state = self._state
             if state is not None and id(module) not in state.modules:
                 state.modules[id(module)] = (frame.scope, frame.ids)
+                state.frames[id(module)] = frame
+
+    def _module_again(self, module) -> None:
+        """A module called outside every module while autograd runs a backward: activation
+        checkpointing recomputing a forward (``torch.utils.checkpoint``; transformers'
+        ``gradient_checkpointing_enable``), or a module used in a custom backward.  Never a new
+        model call (no root entered: the iteration goes on, no parameter listed again).  When
+        the module ran in this iteration's forward its call is pushed again, so its operators
+        are named ``Gradients/<that call's scope>`` with their own lines (dispatch.py,
+        ``Phase.RECOMPUTE``), as graph mode names a recomputation; else it is set aside like a
+        call outside the model (its operators keep the backward node's name)."""
+        state = self._state
+        frame = state.frames.get(id(module)) if state is not None and self._dumping else None
+        if frame is None or frame.module is not module:
+            self._aside += 1
+            return
+        self.tracker.push_again(frame)
 
     def _hook_last(self, module) -> None:
         """``module`` has forward hooks of its own, which torch runs after the global ones:
@@ -414,6 +434,7 @@ class EagerCapture(NativeEager, OperatorPath):
         state = self._state
         if self._dumping and state is not None:
             state.modules.setdefault(id(module), (frame.scope, frame.ids))
+            state.frames.setdefault(id(module), frame)
             if id(module) not in state.roots_done:
                 state.roots_done.add(id(module))
                 self._internal += 1

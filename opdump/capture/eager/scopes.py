@@ -113,6 +113,7 @@ class ScopeTracker:
         self._calls: Dict[Tuple[str, int], int] = {}
         self._names: Dict[Tuple[int, int], Optional[str]] = {}
         self._roots: Dict[Tuple[int, int], Frame] = {}      # (id(root), call count) -> its kept frame
+        self._again: List[Tuple[int, Dict]] = []            # push_again: (stack depth, the counts it set aside)
 
     def new_iteration(self) -> None:
         self._calls.clear()
@@ -184,6 +185,22 @@ class ScopeTracker:
             self.on_scope(frame.scope)
         return frame
 
+    def push_again(self, frame: Frame) -> None:
+        """Push ``frame``, a module call of this iteration made again while autograd runs a
+        backward (activation checkpointing's recomputation): its sub-modules are counted afresh,
+        so they get the frames -- the scopes -- of their first calls; the counts set aside come
+        back when ``frame`` is popped."""
+        self._again.append((len(self.stack), self._calls))
+        self._calls = {}
+        self.stack.append(frame)
+        if self.on_scope is not None:
+            self.on_scope(frame.scope)
+
+    @property
+    def again(self) -> bool:
+        """Whether a call made again (:meth:`push_again`) is on the stack."""
+        return bool(self._again)
+
     @staticmethod
     def _make(parent: Frame, module, name: Optional[str], key) -> Frame:
         ids = parent.ids + (str(id(module)),)
@@ -203,6 +220,8 @@ class ScopeTracker:
                 if stack[i].module is module:
                     del stack[i:]
                     break
+        if self._again and len(stack) <= self._again[-1][0]:
+            self._calls = self._again.pop()[1]
         if self.on_scope is not None:
             self.on_scope(stack[-1].scope if stack else None)
 

@@ -27,6 +27,8 @@ class Phase(enum.IntEnum):
     MODULE = 1         # inside a module's forward (or its forward hooks): the module's scope
     BACKWARD = 2       # autograd's backward: ``Gradients/<scope of the forward operator>``
     OPTIMIZER = 3      # inside ``optimizer.step()``: ``Default/optimizer-<Class>``
+    RECOMPUTE = 4      # a module's forward made again in the backward (activation checkpointing):
+                       # ``Gradients/<scope of that module's call>``
 
 
 class Listing:
@@ -69,6 +71,7 @@ class IterationState:
         self.seq: Dict[int, Tuple[str, Tuple[str, ...], Tuple]] = {}   # autograd seq nr -> forward (scope, ids, sources)
         self.seq_hi = -1                           # the highest number in seq (dispatch._register)
         self.modules: Dict[int, Tuple[str, Tuple[str, ...]]] = {}  # id(module) -> first (scope, ids)
+        self.frames: Dict[int, object] = {}        # id(module) -> its first call's scopes.Frame (a recomputation's)
         self.owners: Dict[int, Tuple] = {}         # id(parameter) -> (id(module), (path, class) pairs, root)
         self.roots_done: set = set()
         self.param_names: set = set()              # parameters dumped in this iteration
