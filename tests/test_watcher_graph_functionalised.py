@@ -70,15 +70,17 @@ def test_no_write_no_change(tmp_path):
 def test_functionalised_writes_of_an_aot_graph():
     """Which nodes of an AOT forward graph replace another node's output: the ``mul`` of a
     ``.data`` write (through ``detach``) replaces ``tanh``'s; a write to a slice is an ``add`` that
-    replaces the ``slice`` and a ``slice_scatter`` that replaces ``relu``'s whole output; the
-    product ``a * b``, made of no in-place call, replaces nothing."""
+    replaces the ``slice`` and a ``slice_scatter`` that replaces ``relu``'s whole output (the
+    ``slice`` itself, a view, replaces nothing); ``c[1:] = 0`` the same with ``fill``; the product
+    ``a * b``, made of no in-place call, replaces nothing."""
     from torch._dynamo.backends.common import aot_autograd
     from opdump.debug.watcher_graph import functionalised_writes
-    seen = {}
+    seen = []
 
     def fw(gm, _):
         nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
-        seen.update({nodes[k].name: nodes[v].name for k, (v, _) in functionalised_writes(nodes).items()})
+        op = lambda n: str(n.target).replace("aten.", "").split(".")[0]      # noqa: E731
+        seen.extend(sorted((op(nodes[k]), op(nodes[v])) for k, (v, _) in functionalised_writes(nodes).items()))
         return gm.forward
 
     class Two(nn.Module):
@@ -88,8 +90,11 @@ def test_functionalised_writes_of_an_aot_graph():
             y = a * b
             a.data.mul_(0.5)                 # whole alias: replaces tanh's output
             b[:1].add_(1)                    # a slice of it: add on the slice, slice_scatter into b
-            return y, a.data, b
+            c = torch.sigmoid(x)
+            c[1:] = 0                        # setitem: fill of the slice, slice_scatter into c
+            return y, a.data, b, c
     from functorch.compile import make_boxed_func
     torch.compile(Two(), backend=aot_autograd(fw_compiler=lambda gm, ex: make_boxed_func(fw(gm, ex))))(
         torch.randn(2, 3))
-    assert seen == {"mul_1": "tanh", "add": "slice_1", "slice_scatter": "relu"}, seen
+    assert seen == [("add", "slice"), ("fill", "slice"), ("mul", "tanh"), ("slice_scatter", "relu"),
+                    ("slice_scatter", "sigmoid")], seen

@@ -219,8 +219,9 @@ class Watcher:
         try:
             held = self._held.get(watched)
             if held is None or slot >= len(held.tensors) or held.prints[slot] is None \
-                    or not isinstance(value, torch.Tensor):
-                return
+                    or not isinstance(value, torch.Tensor) or held.tensors[slot] is None \
+                    or value.shape != held.tensors[slot].shape or value.dtype != held.tensors[slot].dtype:
+                return                               # not a new value of that output (another shape)
             new = fingerprint(value)
             if new is None or new.device != held.prints[slot].device:
                 return

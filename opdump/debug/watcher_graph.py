@@ -11,7 +11,7 @@ What it can see: AOTAutograd's graphs are functional, so an in-place write betwe
 operators becomes an operator making a new tensor that the graph's later readers take
 instead (``h.data.mul_(0.5)``: ``mul(detach(h), 0.5)``).  Such an operator is known by its
 provenance (``node.meta["from_node"]``: the Dynamo node it came from is an in-place call,
-``mul_``, ``add_``, ``x *= …``) and its first argument (the watched output itself, or an alias
+``mul_``, ``add_``, ``x *= …``, ``x[i] = …``), its being no view, and its first argument (the watched output itself, or an alias
 of it through ``detach``/``alias``): its value is the watched output's new value
 (:meth:`.watcher.Watcher.replaced`; B1 of the seventh hold-out trial, where graph mode said "no
 watched output changed").  The rest: the writes to graph inputs at the end of a graph
@@ -72,7 +72,7 @@ def session_watcher(session) -> _SessionWatcher:
 
 #: ``operator`` functions of augmented assignment (``x *= 2`` in a compiled region)
 _AUGMENTED = frozenset({"iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow", "iand", "ior", "ixor",
-                        "ilshift", "irshift", "imatmul"})
+                        "ilshift", "irshift", "imatmul", "setitem"})
 #: ATen operators whose output is the whole of their input (``.data`` is ``detach``)
 _WHOLE_ALIAS = ("detach", "alias", "lift_fresh")
 
@@ -115,8 +115,8 @@ def functionalised_writes(nodes: Sequence[fx.Node]) -> dict:
     for k, node in enumerate(nodes):
         if node.op != "call_function" or not node.args or not isinstance(node.args[0], fx.Node):
             continue
-        if not _from_inplace(node) or _aten_name(node) in _WHOLE_ALIAS:
-            continue
+        if getattr(node.target, "is_view", False) or not _from_inplace(node):
+            continue                        # a view the write goes through (slice of h[:1] = 0) makes no value
         base, slot = node.args[0], 0
         while base not in at or _aten_name(base) in _WHOLE_ALIAS:
             if base.op != "call_function" or not base.args or not isinstance(base.args[0], fx.Node):
