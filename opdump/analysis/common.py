@@ -178,7 +178,8 @@ def absent_selection(dump: Any, rank: Optional[int] = None, graph: Optional[int]
                        if it.iteration is not None and (graph is None or it.graph == graph)})
         if asked and held and not set(asked) & set(held):
             name = "iteration" if len(asked) == 1 else "iterations"
-            return f"{where} holds no {name} {_few(asked)}{of_rank} (its iterations: {_few(held)})"
+            within = f" in graph {graph}{of_rank.replace(' in ', ' of ')}" if graph is not None else of_rank
+            return f"{where} holds no {name} {_few(asked)}{within} (its iterations: {_few(held)})"
     return ""
 
 
