@@ -227,3 +227,47 @@ def test_overflow_watch_survives_inference_mode_eval(tmp_path):
             d = json.load(f)
         found += [(d["iteration"], o["op_type"]) for o in d["overflows"]]
     assert (1, "exp") in found, found
+
+
+class Gen(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 6)
+
+    def forward(self, z):
+        return torch.tanh(self.fc(z))
+
+
+class Dis(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 1)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+@pytest.mark.xfail(strict=True, reason="B6: a GAN step: G's forward runs before D's optimizer step ends the "
+                                       "iteration, G's backward after it: G's backward operators lose their "
+                                       "forward scope (Gradients/Default/<op>)")
+def test_gan_generator_backward_keeps_its_scope(tmp_path):
+    torch.manual_seed(0)
+    gen, dis = Gen(), Dis()
+    opt_g, opt_d = torch.optim.SGD(gen.parameters(), lr=0.1), torch.optim.SGD(dis.parameters(), lr=0.1)
+    cfg = _config(tmp_path, {"iteration": "all", "saved_data": "statistic"})
+    with opdump.Session(cfg) as s, EagerCapture(s):
+        fake = gen(torch.randn(3, 4))
+        loss_d = dis(fake.detach()).mean()
+        opt_d.zero_grad()
+        loss_d.backward()
+        opt_d.step()                                    # ends an iteration (README: opt.step() advances it)
+        loss_g = -dis(fake).mean()
+        opt_g.zero_grad()
+        loss_g.backward()                               # G's backward, its forward in the iteration before
+        opt_g.step()
+    names = []
+    for p in glob.glob(os.path.join(str(tmp_path), "dump", "rank_0", "Net", "0", "*", "statistic.csv")):
+        with open(p) as f:
+            names += [r["Op Name"] for r in csv.DictReader(f)]
+    tanh_backward = [n for n in names if "/tanh_backward-op" in n]
+    assert tanh_backward and all(n.startswith("Gradients/Default/Gen/") for n in tanh_backward), tanh_backward
