@@ -125,10 +125,10 @@ def call_counts(c: Dict[str, list], n: int, keys_of: Optional[Callable[[], List[
     has_a, has_b = c.get("has_a") or [True] * n, c.get("has_b") or [True] * n
     both = list(map(and_, has_a, has_b))
     out = []
-    for side, names in ((has_a, ("rank", "iteration", "graph", "op_file", "call", "kind")),
-                        (has_b, ("rank_b", "iteration_b", "graph_b", "op_file_b", "call_b", "kind_b"))):
+    for a_side, side, names in ((True, has_a, ("rank", "iteration", "graph", "op_file", "call", "kind")),
+                                (False, has_b, ("rank_b", "iteration_b", "graph_b", "op_file_b", "call_b", "kind_b"))):
         here = list(map(and_, side, map(eq, repeat("op"), c[names[-1]])))   # (None == "op": False)
-        if side is has_a and keys_of is not None:
+        if a_side and keys_of is not None:
             calls = keys_of()
         else:
             calls = row_keys([c[k] for k in names[:-1]])
