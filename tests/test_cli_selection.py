@@ -163,6 +163,7 @@ def test_triage_of_a_script_that_does_not_exist(cli, tmp_path):
     (["overflow", SAMPLE, "--max-affected", "-2"], ["--max-affected"]),
     (["triage", "--max-suspects", "0", "--", "t.py"], ["--max-suspects"]),
     (["compare", SAMPLE, SAMPLE, "--ranks", SAMPLE], ["leave A and B out"]),          # A and B were ignored
+    (["compare", "--ranks", SAMPLE, "--rank", "0", "--io", "output"], ["not --rank, --io"]),   # so were these
 ])
 def test_counts_out_of_range_and_ignored_operands_are_refused(cli, args, words):
     _refused(cli(*args), *words)

@@ -284,6 +284,11 @@ def cmd_compare(args) -> int:
         if args.a or args.b:
             return _err("compare --ranks DUMP checks one dump's ranks: leave A and B out (or compare A B "
                         "without --ranks)")
+        other = [flag for flag, given in (("--rank", args.rank is not None), ("--rank-b", args.rank_b is not None),
+                                          ("--mapping", args.mapping), ("--io", args.io),
+                                          ("--no-params", args.no_params), ("--html", args.html)) if given]
+        if other:                           # they were ignored
+            return _err(f"compare --ranks takes --iterations, --workers, --json and -q, not {', '.join(other)}")
         from .ranks import cmd_compare_ranks
         return cmd_compare_ranks(args)
     if not args.a or not args.b:
