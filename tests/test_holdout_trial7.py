@@ -45,14 +45,7 @@ from torch.utils.checkpoint import checkpoint
 
 import opdump
 from opdump.capture.eager import EagerCapture
-
-
-def _config(tmp, common, e2e=None):
-    path = os.path.join(str(tmp), "data_dump.json")
-    common = {"path": os.path.join(str(tmp), "dump"), "net_name": "Net", **common}
-    with open(path, "w") as f:
-        json.dump({"common_dump_settings": common, "e2e_dump_settings": {"enable": True, **(e2e or {})}}, f)
-    return path
+from tests.test_holdout_trial6 import _config
 
 
 class Blk(nn.Module):
@@ -144,12 +137,20 @@ def test_graph_watcher_names_the_data_overwrite(tmp_path):
     assert any("BUG_LINE" in json.dumps(c) for c in firsts), firsts
 
 
-class Router(nn.Module):
-    """Mixtral's router: top-k of a softmax, renormalised in place (``div_`` of a tensor that requires grad)."""
+_ROUTER_RUN = r"""
+import json, os, sys, warnings
+import torch
+import opdump
+from opdump.capture.eager import EagerCapture
+from opdump.capture.eager.native import path as native_path
+
+
+class Router(torch.nn.Module):
+    # Mixtral's router: top-k of a softmax, renormalised in place (div_ of a tensor that requires grad)
 
     def __init__(self):
         super().__init__()
-        self.gate = nn.Linear(8, 4)
+        self.gate = torch.nn.Linear(8, 4)
 
     def forward(self, x):
         w, _ = self.gate(x).softmax(-1).topk(2, -1)
@@ -157,14 +158,6 @@ class Router(nn.Module):
         return w
 
 
-_ROUTER_RUN = r"""
-import json, os, sys, warnings
-import torch
-import opdump
-from opdump.capture.eager import EagerCapture
-from opdump.capture.eager.native import path as native_path
-sys.path.insert(0, os.path.dirname(sys.argv[2]))
-from test_holdout_trial7 import Router
 torch.manual_seed(0)
 model = Router()
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -187,7 +180,7 @@ def test_native_eager_serves_an_inplace_div_of_a_grad_tensor(tmp_path):
     # a fresh process: once anything was compiled in a process the native path is never tried
     cfg = _config(tmp_path, {"iteration": "all", "saved_data": "statistic"})
     env = dict(os.environ, OPDUMP_NATIVE_EAGER="1")     # 1: the fallback warns
-    out = subprocess.run([sys.executable, "-c", _ROUTER_RUN, cfg, os.path.abspath(__file__)], env=env,
+    out = subprocess.run([sys.executable, "-c", _ROUTER_RUN, cfg], env=env,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
