@@ -38,6 +38,17 @@ _UNRESOLVED = object()
 _ROW_BATCH = os.environ.get("OPDUMP_ROW_BATCH", "1") != "0"
 
 
+def local_shard(tensor):
+    """``tensor``, or for a DTensor (FSDP2's ``fully_shard`` parameters) the shard this rank
+    holds -- its ``_local_tensor``, taken with no dispatcher call: each rank's files and rows are
+    of what it holds, under the parameter's name (seventh trial, B7: a DTensor parameter has no
+    storage of its own, and reading it natively crashed the process)."""
+    if type(tensor) is torch.Tensor or type(tensor) is torch.nn.Parameter:
+        return tensor
+    local = getattr(tensor, "_local_tensor", None)
+    return local if type(local) is torch.Tensor else tensor
+
+
 def _holdable(tensor: torch.Tensor) -> bool:
     """A tensor whose file can be written from its own memory (:mod:`.held`): a plain,
     non-empty, C-contiguous CPU tensor, no lazy conjugate/negation, no quantization."""
@@ -143,6 +154,7 @@ class Recorder:
         (``Parameter.<name>`` files / rows); device statistics of CPU tensors take the
         native row sink, under one lock and one clock read.  Under a ``kernels`` filter
         only the names it selects are dumped (:meth:`OpSelector.select_parameter`)."""
+        items = [(name, local_shard(tensor)) for name, tensor in items]
         selector = self.session.selector
         if selector.mode == 1:
             items = [(name, tensor) for name, tensor in items if selector.select_parameter(name)]
@@ -376,13 +388,17 @@ class Recorder:
             reason = f"layout {tensor.layout}"
         elif tensor.device.type == "meta":
             reason = "meta tensors"
-        elif type(tensor) is not torch.Tensor and not isinstance(tensor, torch.nn.Parameter):
+        elif type(tensor) is not torch.Tensor and (
+                not isinstance(tensor, torch.nn.Parameter)
+                # a Parameter of a subclass with its own dispatch (FSDP2's DTensor: no storage of
+                # its own, its shard is another tensor): not read as a plain one (seventh trial, B7)
+                or type(tensor).__torch_dispatch__ is not torch.Tensor.__torch_dispatch__):
             reason = f"tensor subclass {type(tensor).__name__}"
         if reason is None:
             return False
         if reason not in self._warned:
             self._warned.add(reason)
-            warnings.warn(f"opdump: {reason} are not dumped", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"opdump: {reason}: not dumped", RuntimeWarning, stacklevel=3)
         return True
 
     # ------------------------------------------------------------------ kernel args
