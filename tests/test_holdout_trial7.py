@@ -249,9 +249,6 @@ class Dis(nn.Module):
         return self.fc(x)
 
 
-@pytest.mark.xfail(strict=True, reason="B6: a GAN step: G's forward runs before D's optimizer step ends the "
-                                       "iteration, G's backward after it: G's backward operators lose their "
-                                       "forward scope (Gradients/Default/<op>)")
 def test_gan_generator_backward_keeps_its_scope(tmp_path):
     torch.manual_seed(0)
     gen, dis = Gen(), Dis()

@@ -107,7 +107,10 @@ class OperatorPath:
 
     def _backward_scope(self, state: IterationState, node) -> Tuple[str, Tuple[str, ...], Tuple]:
         """Scope, module ids and source lines of the forward operator a backward node belongs to."""
-        info = state.seq.get(node._sequence_nr())
+        nr = node._sequence_nr()
+        info = state.seq.get(nr)
+        if info is None:        # a forward of the iteration before (a step that ends between them)
+            info = state.before.get(nr)
         if info is None and node.name() == _ACCUMULATE:
             var = getattr(node, "variable", None)
             owner = state.owners.get(id(var)) if var is not None else None

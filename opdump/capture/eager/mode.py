@@ -133,6 +133,7 @@ class EagerCapture(NativeEager, OperatorPath):
         self._state: Optional[IterationState] = None
         self._counts_iter: Optional[int] = None
         self._dumped_any = False
+        self._ended: tuple = (None, {})        # (number, seq) of the last dumped iteration that ended
         # config decisions read per operator, resolved once
         self._dump_in = cfg.dump_inputs
         self._dump_out = cfg.dump_outputs
@@ -262,15 +263,20 @@ class EagerCapture(NativeEager, OperatorPath):
         state = self._state
         if state is not None and state.number != it:
             self._state = None
+            self._ended = (state.number, state.seq)
             self._finish(state)
         self._dumping = self._active and session.is_dumping()
         if self._dumping and self._state is None:
             self._state = self._watched = IterationState(it, first=not self._dumped_any)
+            number, seq = self._ended
+            if number == it - 1:    # backward nodes of its forward may run now (a GAN's generator)
+                self._state.before = seq
 
     def _iteration_end(self, iteration: int) -> None:
         state = self._state
         if state is not None and state.number == iteration:
             self._state = None
+            self._ended = (state.number, state.seq)
             self._finish(state)
         self._checked = None
         session = self.session

@@ -70,6 +70,7 @@ class IterationState:
         self.names: List[str] = []                 # full names in execution order
         self.seq: Dict[int, Tuple[str, Tuple[str, ...], Tuple]] = {}   # autograd seq nr -> forward (scope, ids, sources)
         self.seq_hi = -1                           # the highest number in seq (dispatch._register)
+        self.before: Dict[int, Tuple] = {}         # the previous iteration's seq, when it was dumped too
         self.modules: Dict[int, Tuple[str, Tuple[str, ...]]] = {}  # id(module) -> first (scope, ids)
         self.frames: Dict[int, object] = {}        # id(module) -> its first call's scopes.Frame (a recomputation's)
         self.owners: Dict[int, Tuple] = {}         # id(parameter) -> (id(module), (path, class) pairs, root)

@@ -351,8 +351,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
       }
       ctx->describe = g->describe_start_cb(ctx->index, ov->op_type, py::str(fn.overload_name()),
                                            py::str(g->scopes[scope]), static_cast<int>(phase),
-                                           forward_index >= 0 ? g->name_cache[static_cast<size_t>(forward_index)].pyname
-                                                              : py::object(py::none()),
+                                           forward_name(forward_index),
                                            var, py::str(fn.name()), args);
       g->listed.insert(name);
       slot.listed = true;

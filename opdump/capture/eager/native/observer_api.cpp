@@ -17,6 +17,26 @@ py::object g_io_input, g_io_output, g_zero;
 
 namespace {
 
+// The ending iteration's seq kept for one more (observer_state.h `before`; dispatch.py's
+// IterationState.before), its forward operators named now, while name_cache still holds them.
+// An iteration that registered nothing (new_iteration called twice at one boundary: at install
+// and at the state's change) keeps the one before.
+void keep_before() {
+  if (g->seq.empty()) return;
+  g->before.clear();
+  g->before_names.clear();
+  for (const auto& e : g->seq) {
+    const int64_t fi = e.second.second;
+    int64_t ref = -1;
+    if (fi >= 0 && static_cast<size_t>(fi) < g->name_cache.size()) {
+      ref = -2 - static_cast<int64_t>(g->before_names.size());
+      g->before_names.push_back(g->name_cache[static_cast<size_t>(fi)].pyname);
+    }
+    g->before.emplace(e.first, std::make_pair(e.second.first, ref));
+  }
+  g->seq.clear();
+}
+
 // ------------------------------------------------------------------ what Python calls
 void configure(py::object info_cb, py::object bind_cb, py::object owner_cb, py::object slow_cb,
                py::object describe_start_cb, py::object describe_end_cb, bool dump_in, bool dump_out,
@@ -41,6 +61,7 @@ void configure(py::object info_cb, py::object bind_cb, py::object owner_cb, py::
   g->failed = false;
   g->error.clear();
   g->listed.clear();          // this capture's listing (path.py pushes it whole at install)
+  keep_before();              // (names from name_cache, cleared next)
   g->name_cache.clear();      // its "listed" marks were of the listed set just cleared
   g->gradients = intern("Gradients/Default");
 }
@@ -157,7 +178,7 @@ void uninstall() {
 // a new iteration: forget its per-iteration state
 void new_iteration() {
   opdump::watch::new_iteration();
-  g->seq.clear();
+  keep_before();
   g->owners.clear();
   g->index = 0;
   g->names_from = 0;

@@ -69,6 +69,13 @@ Overload* overload_of(const at::RecordFunction& fn) {
   return raw;
 }
 
+py::object forward_name(int64_t forward_index) {
+  if (forward_index >= 0) return g->name_cache[static_cast<size_t>(forward_index)].pyname;
+  const int64_t k = -2 - forward_index;
+  if (k >= 0 && static_cast<size_t>(k) < g->before_names.size()) return g->before_names[static_cast<size_t>(k)];
+  return py::none();
+}
+
 // scope id of a backward operator running `node`; -1: not captured (a compiled region)
 int backward_scope(torch::autograd::Node* node, int64_t* forward_index) {
   *forward_index = -1;
@@ -76,7 +83,11 @@ int backward_scope(torch::autograd::Node* node, int64_t* forward_index) {
   // whose Python ints never wrap to the -1 a forward call may have stored)
   const uint64_t nr = node->sequence_nr();
   auto it = nr > static_cast<uint64_t>(INT64_MAX) ? g->seq.end() : g->seq.find(static_cast<int64_t>(nr));
-  if (it != g->seq.end()) {
+  if (it == g->seq.end() && nr <= static_cast<uint64_t>(INT64_MAX)) {   // a forward of the iteration before
+    auto b = g->before.find(static_cast<int64_t>(nr));
+    if (b != g->before.end()) it = b;
+  }
+  if (it != g->seq.end() && it != g->before.end()) {
     *forward_index = it->second.second;
     const int fwd = it->second.first;
     if (g->gradient_of.size() <= static_cast<size_t>(fwd)) g->gradient_of.resize(fwd + 1, -1);

@@ -120,6 +120,11 @@ struct State {
   std::unordered_map<std::string, int> scope_ids;
   int module_scope = -1, optimizer_scope = -1;
   std::unordered_map<int64_t, std::pair<int, int64_t>> seq;   // seq nr -> (forward scope, forward index)
+  // the iteration before's seq (new_iteration): a backward node of its forward may run in this one (a
+  // GAN's generator, whose forward precedes the discriminator's optimizer step); forward index
+  // -2 - k names before_names[k], its forward operator's name (None: none)
+  std::unordered_map<int64_t, std::pair<int, int64_t>> before;
+  std::vector<py::object> before_names;
   std::vector<int> gradient_of;  // scope id -> id of "Gradients/<scope>" (-1: not yet)
   std::unordered_map<const c10::TensorImpl*, int> owners;   // parameter -> scope (this iteration)
   std::unordered_set<std::string> listed;
@@ -145,6 +150,8 @@ void clear_in_flight();
 int intern(const std::string& s);
 Overload* overload_of(const at::RecordFunction& fn);
 int backward_scope(torch::autograd::Node* node, int64_t* forward_index);
+// the name of the forward operator backward_scope gave (None: none)
+py::object forward_name(int64_t forward_index);
 NameSlot& name_slot(int scope, const Overload* ov, int64_t index);
 
 // ---- observer_args.cpp (arguments and outputs as the Python capture sees them)
