@@ -65,6 +65,7 @@ from .overflow_batch import DevicePath
 from .overflow_now import CpuPath
 from .overflow_rules import FINITE_PRESERVING, UNINITIALIZED, needs_prewrite_copy, scales_down  # noqa: F401
 from .overflow_summary import render_csv, render_json
+from .overflow_values import version_of
 
 #: operators held before the flags are read (bounds the memory the references keep alive)
 BATCH = 256
@@ -153,9 +154,9 @@ class OverflowWatch(CpuPath, DevicePath):
         """An output holding uninitialized memory (``empty``…): never judged, nor is it as an
         input until something writes it (its garbage may hold NaN bit patterns)."""
         if isinstance(t, torch.Tensor):
-            self._memo[id(t)] = (t._version, -1)
+            self._memo[id(t)] = (version_of(t), -1)
             try:
-                self._known[id(t)] = (weakref.ref(t), t._version, None, 0, None)
+                self._known[id(t)] = (weakref.ref(t), version_of(t), None, 0, None)
             except TypeError:
                 pass
         return -1
@@ -191,7 +192,7 @@ class OverflowWatch(CpuPath, DevicePath):
         try:
             for t in written:       # their values read so far are stale after the write...
                 entry = known.pop(id(t), None)
-                if entry is not None and entry[0]() is t and 0 <= t._version - entry[1] <= entry[3]:
+                if entry is not None and entry[0]() is t and 0 <= version_of(t) - entry[1] <= entry[3]:
                     prewrite[id(t)] = entry[2]      # ...but still those of its pre-write copy
                     if entry[2] == 0.0:
                         bounds[id(t)] = entry[4]
@@ -233,7 +234,7 @@ class OverflowWatch(CpuPath, DevicePath):
                         on_purpose[id(c)] = c
                 if id(t) in prewrite:
                     try:
-                        self._known[id(c)] = (weakref.ref(c), c._version, prewrite[id(t)], 0, None)
+                        self._known[id(c)] = (weakref.ref(c), version_of(c), prewrite[id(t)], 0, None)
                     except TypeError:            # no weak reference to this tensor type
                         pass
                 t = c

@@ -21,6 +21,8 @@ from typing import Dict, List
 
 import torch
 
+from .overflow_values import version_of
+
 _FLOATS = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
 _HALF = frozenset((torch.float16, torch.bfloat16))
 _INFS = (math.inf, -math.inf)
@@ -39,7 +41,7 @@ class DevicePath:
             return -1
         key = id(t)
         hit = self._memo.get(key)
-        version = t._version
+        version = version_of(t)
         if hit is not None and hit[0] == version:
             return hit[1]
         known = self._known.get(key)
@@ -73,7 +75,7 @@ class DevicePath:
             self._flags.append(d.sum())
             self._owner.append(j)
             self._exact.append(False)
-        self._memo[id(t)] = (t._version, j)
+        self._memo[id(t)] = (version_of(t), j)
         return j
 
     def _derived(self, inputs, in_flags, outputs) -> List[int]:
@@ -99,7 +101,7 @@ class DevicePath:
             self._orig.append(t)
             self._exact.append(False)
             self._derive[j] = deps
-            self._memo[id(t)] = (t._version, j)
+            self._memo[id(t)] = (version_of(t), j)
             slots.append(j)
         return slots
 
@@ -135,7 +137,7 @@ class DevicePath:
         for j, t in enumerate(self._orig):      # later batches of the iteration reuse these
             if t is not None:
                 try:
-                    known[id(t)] = (weakref.ref(t), t._version, out[j], 0, None)
+                    known[id(t)] = (weakref.ref(t), version_of(t), out[j], 0, None)
                 except TypeError:                # no weak reference to this tensor type
                     pass
         return out

@@ -33,7 +33,7 @@ import torch
 
 from .overflow_bounds import VALUE_ARGS, RULES, float_tensors, output_bound, proven_finite
 from .overflow_rules import ALWAYS_FINITE, FINITE_PRESERVING, UNINITIALIZED, scales_down
-from .overflow_values import read_now
+from .overflow_values import read_now, version_of
 
 _FLOATS = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
 _NONE: frozenset = frozenset()
@@ -157,7 +157,7 @@ class CpuPath:
 
     def _remember(self, t: torch.Tensor, value: Optional[float], bumps: int, bound: Optional[float] = None) -> None:
         try:
-            self._known[id(t)] = (weakref.ref(t), t._version, value, bumps, bound)
+            self._known[id(t)] = (weakref.ref(t), version_of(t), value, bumps, bound)
         except TypeError:       # no weak reference to this tensor type: read again when needed
             return
         if bound is not None and t.numel() >= self.BOUND_MIN:   # found again by its memory (saved tensors)
@@ -179,7 +179,7 @@ class CpuPath:
         None: unknown)."""
         entry = self._known.get(id(t))
         if (entry is not None and entry[2] == 0.0 and entry[0]() is t
-                and 0 <= t._version - entry[1] <= entry[3]):
+                and 0 <= version_of(t) - entry[1] <= entry[3]):
             return entry[4]
         return self._bound_by_place(t)
 
@@ -197,7 +197,7 @@ class CpuPath:
         if entry is None or entry[2] != 0.0 or entry[4] is None:
             return None
         o = entry[0]()
-        if (o is None or not 0 <= o._version - entry[1] <= entry[3] or o._version != t._version
+        if (o is None or not 0 <= version_of(o) - entry[1] <= entry[3] or version_of(o) != version_of(t)
                 or o.data_ptr() != key[0] or o.dtype is not t.dtype or o.shape != t.shape or o.stride() != key[3]):
             return None
         return entry[4]
@@ -286,7 +286,7 @@ class CpuPath:
         if not isinstance(t, torch.Tensor) or t.dtype not in _FLOATS or not t.numel():
             return None, None
         entry = self._known.get(id(t))
-        if entry is not None and entry[0]() is t and 0 <= t._version - entry[1] <= entry[3]:
+        if entry is not None and entry[0]() is t and 0 <= version_of(t) - entry[1] <= entry[3]:
             if entry[2] is None:
                 return _UNINIT, None
             return entry[2], (entry[4] if entry[2] == 0.0 else None)
@@ -299,7 +299,7 @@ class CpuPath:
         if not isinstance(t, torch.Tensor) or t.dtype not in _FLOATS or not t.numel():
             return None
         entry = self._known.get(id(t))
-        if entry is not None and entry[0]() is t and 0 <= t._version - entry[1] <= entry[3]:
+        if entry is not None and entry[0]() is t and 0 <= version_of(t) - entry[1] <= entry[3]:
             return _UNINIT if entry[2] is None else entry[2]
         if not read:
             return _UNKNOWN

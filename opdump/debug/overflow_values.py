@@ -36,6 +36,17 @@ _F32 = torch.float32
 _NAN, _INF = math.nan, math.inf
 
 
+def version_of(t: torch.Tensor):
+    """``t``'s version counter, or NaN for an inference tensor (``torch.inference_mode``), which
+    has none: NaN equals nothing and no difference with it is in range, so the watch never takes
+    an earlier reading of such a tensor as current -- it reads it again (seventh trial, B5: the
+    RuntimeError stopped the watch for the rest of the iteration)."""
+    try:
+        return t._version
+    except RuntimeError:        # "Inference tensors do not track version counter"
+        return _NAN
+
+
 _FUSED = None            # the native kernel, resolved at the first reading (None: torch alone)
 _BOUND = None            # the native finite_bound reading (None: not built)
 _RESOLVED = False
