@@ -347,6 +347,12 @@ class Session:
                 self._stop_if_diverged()
             self._forward_seen.add(key)
 
+    @property
+    def counts_model_calls(self) -> bool:
+        """Does :meth:`enter_forward` still count iterations by model calls (no optimizer step
+        nor :meth:`step` seen yet)?  Once False, it does nothing."""
+        return not self._driven
+
     def note_graph_ran(self, graph_id: int) -> None:
         self._graph_iterations.setdefault(graph_id, set()).add(self.iteration)
 

@@ -90,7 +90,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .dispatch import OperatorPath, _DumpMode, _current_node
 from .native import NativeEager
-from .parameters import index_parameters, parameters_to_dump
+from .parameters import index_parameters, members_unchanged, note_members, parameters_to_dump
 from .scopes import ScopeTracker, display_class, is_compiled_wrapper
 from .state import IterationState, Listing
 
@@ -134,6 +134,7 @@ class EagerCapture(NativeEager, OperatorPath):
         self._counts_iter: Optional[int] = None
         self._dumped_any = False
         self._ended: tuple = (None, {})        # (number, seq) of the last dumped iteration that ended
+        self._members_listed: Dict[int, object] = {}     # debug dumps: roots whose parameters are listed (parameters.note_members)
         # config decisions read per operator, resolved once
         self._dump_in = cfg.dump_inputs
         self._dump_out = cfg.dump_outputs
@@ -427,11 +428,12 @@ class EagerCapture(NativeEager, OperatorPath):
 
     def _enter_root(self, module) -> None:
         session = self.session
-        self._internal += 1
-        try:
-            session.enter_forward((self.graph_id, id(module)), module.parameters())     # may end the iteration
-        finally:
-            self._internal -= 1
+        if session.counts_model_calls:      # else enter_forward does nothing (an optimizer counts)
+            self._internal += 1
+            try:
+                session.enter_forward((self.graph_id, id(module)), module.parameters())     # may end the iteration
+            finally:
+                self._internal -= 1
         if self._checked != session.iteration:
             self._refresh()
         self._sync_mode(self._dumping)
@@ -445,12 +447,17 @@ class EagerCapture(NativeEager, OperatorPath):
                 state.roots_done.add(id(module))
                 self._internal += 1
                 try:
-                    index_parameters(state, module, frame.root)
+                    tree = index_parameters(state, module, frame.root)
                     if not is_compiled_wrapper(module):
-                        dumped = parameters_to_dump(session, state, self.listing, module)
-                        if (dumped and self._overflow is None and self._watcher is None
-                                and self._exception is None):       # debug dumps: operators only
-                            session.recorder.record_parameters(self._folder(state), dumped)
+                        if self._overflow is None and self._watcher is None and self._exception is None:
+                            dumped = parameters_to_dump(session, state, self.listing, module)
+                            if dumped:
+                                session.recorder.record_parameters(self._folder(state), dumped)
+                        elif not members_unchanged(module, tree, self._members_listed):
+                            # debug dumps record operators only: the parameters go to the listing,
+                            # walked again only when the root's tree changed (a walk a step)
+                            parameters_to_dump(session, state, self.listing, module)
+                            note_members(module, tree, self._members_listed)
                 finally:
                     self._internal -= 1
 

@@ -67,7 +67,7 @@ def _named_members(root: torch.nn.Module, modules, attr: str) -> Optional[List[T
 _OWNERS: Dict[Tuple[int, str], Tuple[List[Tuple], Dict[int, Tuple]]] = {}
 
 
-def index_parameters(state: IterationState, root: torch.nn.Module, root_class: str) -> None:
+def index_parameters(state: IterationState, root: torch.nn.Module, root_class: str) -> object:
     """Record in ``state.owners`` which module owns each parameter, also inside compiled
     sub-modules, whose modules the hooks do not see.
 
@@ -75,9 +75,14 @@ def index_parameters(state: IterationState, root: torch.nn.Module, root_class: s
     iteration asks again: ~0.1 ms a step on the bench's decoder): the owners are a function of
     the walk's (path, module, module class, parameter identities) sequence and the root's class
     text, which are compared each time; a parameter another root of the iteration already owns
-    keeps that owner, as when the walk assigns them one by one."""
+    keeps that owner, as when the walk assigns them one by one.
+
+    Returns a token of the tree as walked: the same object for as long as the walk's sequence
+    (with each module's buffer names) and the root's class text stay the same, so that a caller
+    may tell an unchanged tree by identity (:func:`members_unchanged`)."""
     modules = walk_modules(root, remove_duplicate=False)
-    shape = [(path, id(sub), type(sub), tuple(map(id, sub._parameters.values()))) for path, sub in modules]
+    shape = [(path, id(sub), type(sub), tuple(map(id, sub._parameters.values())), tuple(sub._buffers))
+             for path, sub in modules]
     key = (id(root), root_class)
     known = _OWNERS.get(key)
     if known is None or known[0] != shape:
@@ -90,6 +95,27 @@ def index_parameters(state: IterationState, root: torch.nn.Module, root_class: s
     else:
         for param, owner in known[1].items():
             owners.setdefault(param, owner)
+    return known
+
+
+def members_unchanged(root: torch.nn.Module, token: object, seen: Dict[int, object]) -> bool:
+    """Has :func:`parameters_to_dump` already listed every parameter and buffer name of
+    ``root``'s tree as :func:`index_parameters` walked it now (``token``, its return)?  True
+    when the last call for ``root`` recorded in ``seen`` (by :func:`note_members`) had the
+    same token: the walk's paths, modules, parameters and buffer names are the same, so the
+    names :func:`parameters_to_dump` would add are in the listing already (it adds a name
+    once).  Only for roots whose parameters and buffers come from torch's own methods (a
+    class with its own may name them otherwise from call to call)."""
+    cls = type(root)
+    return (seen.get(id(root)) is token
+            and (cls.named_parameters, cls.named_buffers, cls._named_members) == _BASE_MEMBERS)
+
+
+def note_members(root: torch.nn.Module, token: object, seen: Dict[int, object]) -> None:
+    """:func:`parameters_to_dump` listed ``root``'s tree as walked into ``token``."""
+    if len(seen) > 1024:
+        seen.clear()
+    seen[id(root)] = token
 
 
 def _owners_of(modules, root_class: str) -> Dict[int, Tuple]:

@@ -63,11 +63,12 @@ def display_class(module) -> str:
 class Frame:
     """One running module call on the stack."""
 
-    __slots__ = ("_module", "path", "pairs", "ids", "root", "transparent", "_scope", "children")
+    __slots__ = ("_module", "cls", "path", "pairs", "ids", "root", "transparent", "_scope", "children")
 
     def __init__(self, module, path: str, pairs: Tuple[Tuple[str, str], ...], ids: Tuple[str, ...],
                  root: str, transparent: bool):
         self._module = weakref.ref(module)
+        self.cls = type(module)     # its display class is the same while the type is (but for a compiled wrapper)
         self.path = path            # dotted path below the root, with @k suffixes ("" for the root)
         self.pairs = pairs          # (path, class) of the named modules from the root, outermost first
         self.ids = ids              # str(id(m)) of every module on the stack, outermost first
@@ -161,28 +162,40 @@ class ScopeTracker:
         return frame
 
     def push(self, module) -> Frame:
-        parent = self.stack[-1]
-        owner = parent.module
+        # every module call of a step comes here: the common case (a registered child called
+        # again, its kept frame valid) is inlined -- _name_in's cached name, _count, display_class
+        # only for a compiled wrapper -- the rest goes the long way (same answers)
+        stack = self.stack
+        parent = stack[-1]
+        owner = parent._module()
         if is_compiled_wrapper(owner) and getattr(owner, "_orig_mod", None) is module:
             name = None
         else:
-            name = self._name_in(owner, module)
+            name = self._names.get((id(owner), id(module)), "")
+            if name == "" or (name is not None and owner._modules.get(name) is not module):
+                name = self._name_in(owner, module)
         if name is None:
             key = id(module)
         else:
-            key = (name, self._count(parent.path, module))
+            calls, counted = self._calls, (parent.path, id(module))
+            k = calls.get(counted, 0)
+            calls[counted] = k + 1
+            key = (name, k)
         children = parent.children
         if children is None:
             children = parent.children = {}
         frame = children.get(key)
-        if frame is None or frame.module is not module or (name is not None and frame.pairs[-1][1] != display_class(module)):
+        if (frame is None or frame._module() is not module
+                or (name is not None and (type(module) is not frame.cls or is_compiled_wrapper(module))
+                    and frame.pairs[-1][1] != display_class(module))):
             frame = self._make(parent, module, name, key)
             if len(children) > 4096:
                 children.clear()
             children[key] = frame
-        self.stack.append(frame)
+        stack.append(frame)
         if self.on_scope is not None:
-            self.on_scope(frame.scope)
+            scope = frame._scope
+            self.on_scope(scope if scope is not None else frame.scope)
         return frame
 
     def push_again(self, frame: Frame) -> None:
@@ -213,7 +226,7 @@ class ScopeTracker:
 
     def pop(self, module) -> None:
         stack = self.stack
-        if stack and stack[-1].module is module:
+        if stack and stack[-1]._module() is module:
             stack.pop()
         else:
             for i in range(len(stack) - 1, -1, -1):     # an exception skipped some post hooks

@@ -172,7 +172,7 @@ class NativeEager(NativeCallbacks, NativeWatch):
                     return want         # the probed iteration goes on (or has not begun)
                 self._native_end_probe()
             usable = (want and not self._native_broken and self._active and self._native_eligible()
-                      and not _compiled_anything() and (native_requested() or not _cuda_in_use())
+                      and not _compiled_anything() and (not _cuda_in_use() or native_requested())
                       and torch._C._len_torch_dispatch_stack() == ((1 if self._pushed_mode() else 0)
                                                                    + (1 if self._native_inert is not None else 0)))
             if usable and self._native_verdict is None and not self._dumped_any:
