@@ -1,7 +1,8 @@
-"""The memo's key comparison and the shape text's reuse, compared element by element (stats_memo.h
-MemoKey::operator==, row_batch.h same_sizes): views of the same first element and element count
-that differ only in sizes or strides are other memory to the memo; a slot whose shape changes
-(same rank, same element count) gets the new shape text."""
+"""Guards of the memo's key and of the taps' shape-text cache (stats_memo.h MemoKey::operator==,
+row_batch.h shape_of), written for a change of their compares that was measured and not kept:
+views of the same first element and element count that differ only in sizes or strides are other
+memory to the memo; a GraphTaps slot whose shape changes (same rank, same element count) gets the
+new shape text."""
 import threading
 import weakref
 
@@ -9,7 +10,6 @@ import pytest
 import torch
 
 from opdump.recorder.copies import Clock
-
 from opdump.stats import native
 
 memo_or_none = native.new_stats_memo()
