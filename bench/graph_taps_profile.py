@@ -5,12 +5,13 @@ opdump's backend, ``--steps`` dumped steps run under cProfile (``--cprofile FILE
 
     .venv/bin/python bench/graph_taps_profile.py [--model decoder] [--steps 40] [--cprofile out.prof]
                                                   [--mode device|host] [--aot-eager] [--root DIR]
-                                                  [--split] [--closed] [--threads N]
+                                                  [--split] [--closed] [--blocked] [--threads N]
 
 ``--split`` prints the step's parts (bench/step_split.py: begin/end of the dumped calls, the
 iteration end, the writer's statistic.csv job and its pieces, the collector, the training
 thread's voluntary context switches); ``--closed`` runs every dumped call with its native taps
-closed (open minus closed: what the taps cost in the step).
+closed (open minus closed: what the taps cost in the step); ``--blocked`` prints the main thread's
+time asleep a step and its part in ``Writer.wait`` (class Blocked).
 
 Reading of 2026-11-24 (decoder, device statistics, 1 torch thread, load 1.7-2, per step, main
 thread CPU; ``perf record -g -t PID``): plain aot_eager floor 8.1 ms, opdump's graph without taps
@@ -51,6 +52,47 @@ import time
 import warnings
 
 
+class Blocked:
+    """The main thread's time asleep per step: wall minus its CPU time (``time.thread_time``) minus its
+    time waiting for a CPU (/proc/self/task/TID/schedstat's second field, Linux; its first, the time
+    run, lags the slice in progress), so a loaded machine's pre-emption is not counted; and
+    the part of it spent in ``Writer.wait`` (the iteration end waiting for the previous iteration's
+    writer jobs).  Plain and ``--aot-eager`` steps sleep ~0 ms."""
+
+    def __init__(self, writer):
+        import threading
+        self.path = f"/proc/self/task/{threading.get_native_id()}/schedstat"
+        self.rows, self.waited = [], 0.0
+        wait = writer.wait
+
+        def timed_wait(jobs):
+            t = time.perf_counter()
+            try:
+                wait(jobs)
+            finally:
+                self.waited += time.perf_counter() - t
+        writer.wait = timed_wait
+
+    def _sched(self):
+        with open(self.path) as f:
+            queued = f.read().split()[1]
+        return time.thread_time(), int(queued) / 1e9
+
+    def begin(self):
+        self.waited = 0.0
+        self.t0, self.s0 = time.perf_counter(), self._sched()
+
+    def end(self):
+        wall = time.perf_counter() - self.t0
+        run, queued = self._sched()
+        self.rows.append((wall - (run - self.s0[0]) - (queued - self.s0[1]), self.waited))
+
+    def summary(self):
+        asleep, waited = zip(*self.rows)
+        ms = lambda v: (round(statistics.median(v) * 1e3, 3), round(statistics.mean(v) * 1e3, 3))
+        return {"asleep": ms(asleep), "in Writer.wait": ms(waited)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="decoder")
@@ -63,6 +105,8 @@ def main() -> int:
     ap.add_argument("--split", action="store_true", help="print the step's parts (bench/step_split.py)")
     ap.add_argument("--closed", action="store_true", help="the native taps closed: each returns at once")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--blocked", action="store_true",
+                    help="print the main thread's time asleep a step and the part of it in Writer.wait")
     args = ap.parse_args()
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:0] = [args.root or os.path.dirname(here), os.path.dirname(here)]
@@ -98,11 +142,16 @@ def main() -> int:
                 prof = cProfile.Profile()
                 prof.enable()
             times, threads, procs = [], [], []
+            blocked = Blocked(s.writer) if args.blocked else None
             if split is not None:
                 split.start()
             for _ in range(args.steps):
+                if blocked is not None:
+                    blocked.begin()
                 t0, c0, p0 = time.perf_counter(), time.thread_time(), time.process_time()
                 w.step()
+                if blocked is not None:
+                    blocked.end()
                 times.append(time.perf_counter() - t0)
                 threads.append(time.thread_time() - c0)
                 procs.append(time.process_time() - p0)
@@ -117,6 +166,8 @@ def main() -> int:
           f"{n:.0f} tensors/step", flush=True)
     if parts is not None:
         print("parts (ms of thread CPU per step):", parts, flush=True)
+    if blocked is not None:
+        print("main thread asleep a step (ms; median, mean):", blocked.summary(), flush=True)
     return 0
 
 
