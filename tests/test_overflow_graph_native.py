@@ -119,9 +119,58 @@ def test_same_tensor_files_both_ways(runs):
 
 def test_native_tap_takes_the_finite_operators(runs):
     (_, counts), (_, python_counts) = runs["1"], runs["0"]
-    assert python_counts is None, "OPDUMP_GRAPH_NATIVE_WATCH=0: the Python taps"
+    assert python_counts == (0, 0, 0), "OPDUMP_GRAPH_NATIVE_WATCH=0: the Python taps"
     read, handed, spared = counts
     assert read > 0 and spared > 0
     # handed: the operators with a non-finite output (and those of the on-purpose chains), the
     # in-place and uninitialized ones -- fewer than those the native tap finished itself
     assert 0 < handed < read + spared, counts
+
+
+class _PythonTap:
+    def __init__(self):
+        self.calls = []
+
+    def after(self, index, inputs, value):
+        self.calls.append(index)
+
+
+def _tap(kinds):
+    """A native tap over ``kinds`` (graph_watch.cpp's bits) handing to a recording Python tap."""
+    import weakref
+    mod = native.module()
+    shared = mod.GraphWatch()
+    python = _PythonTap()
+    taps = mod.GraphWatchTaps(shared, kinds, weakref.WeakMethod(python.after))
+    taps.open(True)
+    return taps.fast(), shared, python, taps
+
+
+def test_tap_reads_skips_and_hands_over_as_the_python_watch_would():
+    P, A, N, Y = overflow_graph._PRESERVING, overflow_graph._ALWAYS, 0, overflow_graph._PYTHON
+    after, shared, python, keep = _tap([N, P, A, Y])
+    x = torch.randn(3, 3)
+    y = x * 2
+    after(0, [x], y)                                  # read, finite: no Python
+    after(1, [x], x.t())                              # preserving, input never read: not read either
+    after(1, [y], y.t())                              # preserving, input known finite: not read
+    after(2, [], torch.zeros(3))                      # always finite: not read
+    after(1, [], torch.ones(3).t())                   # preserving without floating input: read
+    assert python.calls == [] and shared.counts() == (2, 0, 3)
+    after(3, [y], y)                                  # in-place / uninitialized kinds: Python's
+    inf = torch.full((3,), float("-inf"))
+    after(0, [], inf)                                 # a non-finite output: Python's...
+    after(1, [inf], inf.view(1, 3))                   # ...and a preserving operator of it
+    after(0, [x], x.expand(2, 3, 3).transpose(0, 1)[0])   # not dense: Python reads it
+    after(0, [x], (x.long(), y * 3))                  # integer outputs are not judged
+    assert python.calls == [3, 0, 1, 0] and shared.counts()[1] == 4
+    keep.close()
+    after(0, [], inf)                                 # closed: nothing, as without a folder
+    assert python.calls == [3, 0, 1, 0]
+    keep.open(True)
+    read = shared.counts()[0]
+    after(0, [x], y)                                  # y known finite: not read again
+    assert shared.counts()[0] == read
+    shared.clear()                                    # a new iteration: read again
+    after(0, [x], y)
+    assert shared.counts()[0] == read + 1 and python.calls == [3, 0, 1, 0]

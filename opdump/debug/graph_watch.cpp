@@ -131,7 +131,7 @@ class GraphWatchTaps {
         python_after_(std::move(python_after)) {}
 
   // a dumped call starts (`native` false: every operator to the Python tap) / ends
-  void open(bool native) { state_ = native ? kNative : kPython; }
+  void open(bool native) { state_ = native ? kNative : kAllPython; }
   void close() { state_ = kClosed; }
 
   // after(index, inputs, value) as a builtin bound to `owner` (this object's Python instance)
@@ -147,7 +147,7 @@ class GraphWatchTaps {
   }
 
  private:
-  enum State { kClosed, kNative, kPython };
+  enum State { kClosed, kNative, kAllPython };   // (not kPython: the kind bit above)
 
   static GraphWatchTaps* self_of(PyObject* owner) {
     auto* inst = reinterpret_cast<py::detail::instance*>(owner);
