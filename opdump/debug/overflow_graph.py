@@ -33,7 +33,9 @@ each floating CPU output's finiteness (``finite_read``), skips what the watch sk
 whose inputs are known finite or were never read) and returns; any other operator (a
 non-finite output, a tensor it does not handle, an in-place or ``UNINITIALIZED`` operator,
 a finite-preserving one with an input the Python watch may hold a reading of) goes to
-:meth:`OverflowTaps.after` with the same arguments.  ``OPDUMP_GRAPH_NATIVE_WATCH=0`` in
+:meth:`OverflowTaps.after` with the same arguments.  Measured (AlexNet training step, one
+thread, the training thread's CPU time over ``aot_eager``, 41 alternated rounds, load 1.3):
++1.0 ms with the Python tap, +0.0-0.2 ms with the native one (85 taps a step, none handed over).  ``OPDUMP_GRAPH_NATIVE_WATCH=0`` in
 the environment (read when a graph is instrumented) keeps the Python tap for every
 operator: the reference the parity tests compare with.
 
