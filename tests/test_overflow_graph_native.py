@@ -19,8 +19,9 @@ from opdump.stats import native
 from dumpfiles import tensor_files
 from conftest import write_config
 
-pytestmark = pytest.mark.skipif(getattr(native.module(), "GraphWatchTaps", None) is None,
-                                reason="the native module (with graph_watch.cpp) is not built on this machine")
+#: the tests of the native tap itself (without the module both runs use the Python taps)
+needs_native = pytest.mark.skipif(getattr(native.module(), "GraphWatchTaps", None) is None,
+                                  reason="the native module (with graph_watch.cpp) is not built on this machine")
 
 BAD_STEP = 1
 STEPS = 3
@@ -117,6 +118,7 @@ def test_same_tensor_files_both_ways(runs):
         np.testing.assert_array_equal(a, b, err_msg=str(key))
 
 
+@needs_native
 def test_native_tap_takes_the_finite_operators(runs):
     (_, counts), (_, python_counts) = runs["1"], runs["0"]
     assert python_counts == (0, 0, 0), "OPDUMP_GRAPH_NATIVE_WATCH=0: the Python taps"
@@ -146,6 +148,7 @@ def _tap(kinds):
     return taps.fast(), shared, python, taps
 
 
+@needs_native
 def test_tap_reads_skips_and_hands_over_as_the_python_watch_would():
     P, A, N, Y = overflow_graph._PRESERVING, overflow_graph._ALWAYS, 0, overflow_graph._PYTHON
     after, shared, python, keep = _tap([N, P, A, Y])
