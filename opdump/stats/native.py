@@ -66,7 +66,7 @@ SOURCES = tuple(os.path.join(_HERE, n) for n in
     # the native eager capture's observer (opdump/capture/eager/native), exported as `eager_observer`
     os.path.join(os.path.dirname(_HERE), "capture", "eager", "native", n) for n in
     ("observer.cpp", "observer_names.cpp", "observer_args.cpp", "observer_rows.cpp", "observer_api.cpp",
-     "watch.cpp"))
+     "watch.cpp")) + (os.path.join(os.path.dirname(_HERE), "debug", "graph_watch.cpp"),)   # graph-mode watch tap
 HEADERS = tuple(os.path.join(_HERE, n) for n in ("contract.h", "stats_memo.h", "row_batch.h")) + tuple(
     os.path.join(os.path.dirname(_HERE), "capture", "eager", "native", n) for n in
     ("observer_state.h", "watch.h"))

@@ -19,6 +19,7 @@ std::vector<std::string> format_cells(const pybind11::list& entries, const std::
 void register_stats_memo(pybind11::module& m);
 void register_row_sink(pybind11::module& m);
 void register_eager_observer(pybind11::module& m);   // opdump/capture/eager/native/observer.cpp
+void register_graph_watch(pybind11::module& m);     // opdump/debug/graph_watch.cpp
 
 namespace {
 
@@ -50,4 +51,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_stats_memo(m);
   register_row_sink(m);
   register_eager_observer(m);
+  register_graph_watch(m);
 }
