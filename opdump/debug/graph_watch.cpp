@@ -40,6 +40,8 @@
 
 #include <torch/csrc/autograd/python_variable.h>
 
+#include "../stats/graph_values.h"
+
 #include <cmath>
 #include <cstdint>
 #include <unordered_map>
@@ -185,15 +187,7 @@ class GraphWatchTaps {
     }
     PyObject* const* outs;
     Py_ssize_t nout;
-    if (THPVariable_Check(value)) {
-      outs = &value;
-      nout = 1;
-    } else if (PyTuple_Check(value) || PyList_Check(value)) {
-      outs = PySequence_Fast_ITEMS(value);
-      nout = PySequence_Fast_GET_SIZE(value);
-    } else {
-      return false;
-    }
+    if (!opdump::output_items(&value, &outs, &nout)) return false;
     for (Py_ssize_t k = 0; k < nin; ++k)
       if (ins[k] != Py_None && !plain(ins[k])) return false;
     for (Py_ssize_t k = 0; k < nout; ++k)

@@ -67,7 +67,7 @@ SOURCES = tuple(os.path.join(_HERE, n) for n in
     os.path.join(os.path.dirname(_HERE), "capture", "eager", "native", n) for n in
     ("observer.cpp", "observer_names.cpp", "observer_args.cpp", "observer_rows.cpp", "observer_api.cpp",
      "watch.cpp")) + (os.path.join(os.path.dirname(_HERE), "debug", "graph_watch.cpp"),)   # graph-mode watch tap
-HEADERS = tuple(os.path.join(_HERE, n) for n in ("contract.h", "stats_memo.h", "row_batch.h")) + tuple(
+HEADERS = tuple(os.path.join(_HERE, n) for n in ("contract.h", "stats_memo.h", "row_batch.h", "graph_values.h")) + tuple(
     os.path.join(os.path.dirname(_HERE), "capture", "eager", "native", n) for n in
     ("observer_state.h", "watch.h"))
 # -ffp-contract=off: no fused multiply-add, so host_stats' sums are numpy's bit for bit

@@ -19,6 +19,7 @@
 //   it returns None having changed nothing, and the Python loop (which knows the other
 //   cases) records them.
 #include "contract.h"
+#include "graph_values.h"
 #include "row_batch.h"
 #include "stats_memo.h"
 
@@ -358,17 +359,7 @@ class GraphTaps {
     Py_ssize_t nout = -1;
     bool python = state_ == kPython || index < 0 || static_cast<size_t>(index) >= op_names_.size() ||
                   (PySet_GET_SIZE(armed_.ptr()) > 0 && PySet_Contains(armed_.ptr(), tap_.ptr()) == 1);
-    if (!python && value != nullptr) {
-      if (THPVariable_Check(value)) {
-        outs = &value;
-        nout = 1;
-      } else if (PyTuple_Check(value) || PyList_Check(value)) {
-        outs = PySequence_Fast_ITEMS(value);
-        nout = PySequence_Fast_GET_SIZE(value);
-      } else {
-        python = true;
-      }
-    }
+    if (!python && value != nullptr) python = !opdump::output_items(&value, &outs, &nout);
     for (Py_ssize_t k = 0; !python && k < nin; ++k) python = !takes(ins[k]);
     for (Py_ssize_t k = 0; !python && k < nout; ++k) python = !takes(outs[k]);
     if (python) {
