@@ -14,6 +14,7 @@ import os
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from ..reader.npy import dtype_name, npy_layout, npy_layouts_sized
+from ..common import absent_selection
 from ..reader import Dump, open_dump
 from .first import first_difference, first_divergence
 from .noise_floor import demote_noise
@@ -216,6 +217,11 @@ def compare(a: Union[str, os.PathLike, Dump], b: Union[str, os.PathLike, Dump], 
         rank = min(da.rank_ids) if da.rank_ids else 0
     rank_pairs = ([(rank, rank_b if rank_b is not None else rank)] if rank is not None
                   else [(r, r) for r in sorted(set(da.rank_ids) | set(db.rank_ids))])
+    if rank is not None:            # a rank a side does not hold: say so, not "holds nothing"
+        for side, d, r in (("A", da, rank), ("B", db, rank_pairs[0][1])):
+            why = absent_selection(d, rank=r) if d.rank_ids else ""
+            if why:
+                raise CompareError(f"{side}: {why}")
     if matchers is plain and not mapping:        # statistics only: column-wise when it applies (.stat_fast)
         fast = statistics_compare(da, db, rank_pairs, iterations, io, include_parameters, thresholds,
                                   _check_samples, _iteration_pairs, _Sources(da, db))
