@@ -47,7 +47,6 @@ arguments), so the graph computes exactly what it computes without them.
 """
 from __future__ import annotations
 
-import os
 import weakref
 from typing import Dict, List, Sequence
 
@@ -70,7 +69,7 @@ _PRESERVING, _ALWAYS, _PYTHON = 2, 4, 16
 
 def native_enabled() -> bool:
     """``OPDUMP_GRAPH_NATIVE_WATCH`` is not 0 (the native tap is used where the module has it)."""
-    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
+    return native.switched_on(ENV_SWITCH)
 
 
 def _native_kinds(ops) -> List[int]:

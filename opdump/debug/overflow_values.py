@@ -28,6 +28,7 @@ from typing import Optional, Tuple
 import torch
 
 from ..stats import native
+from ..stats.memory import tensor_version
 
 #: float32 tensors up to this many elements are read by the native one-pass kernel
 FUSED_MAX = 1 << 15
@@ -41,10 +42,8 @@ def version_of(t: torch.Tensor):
     has none: NaN equals nothing and no difference with it is in range, so the watch never takes
     an earlier reading of such a tensor as current -- it reads it again (seventh trial, B5: the
     RuntimeError stopped the watch for the rest of the iteration)."""
-    try:
-        return t._version
-    except RuntimeError:        # "Inference tensors do not track version counter"
-        return _NAN
+    v = tensor_version(t)       # -1: an inference tensor
+    return v if v >= 0 else _NAN
 
 
 _FUSED = None            # the native kernel, resolved at the first reading (None: torch alone)

@@ -23,7 +23,7 @@ from ..format.dtypes import dtype_name
 from ..format.files import PARAMETER_TYPE, STATISTIC_FILE, parameter_file_name, tensor_file_name
 from ..write.bin_ops import BinOps
 from ..write.buffers import HostBuffers, HostCopy
-from ..write.dtypes import to_numpy
+from ..write.dtypes import local_shard, to_numpy
 from ..write.statistic_csv import StatisticCsv
 from ..stats import StatsEngine, native
 from ..stats.device import tensor_version
@@ -36,17 +36,6 @@ from .rows import ROW_BYTES, encode_batch, shape_text
 _UNRESOLVED = object()
 #: OPDUMP_ROW_BATCH=0: queued rows as Python tuples in a list, as before RowBatch (A/B, tests)
 _ROW_BATCH = os.environ.get("OPDUMP_ROW_BATCH", "1") != "0"
-
-
-def local_shard(tensor):
-    """``tensor``, or for a DTensor (FSDP2's ``fully_shard`` parameters) the shard this rank
-    holds -- its ``_local_tensor``, taken with no dispatcher call: each rank's files and rows are
-    of what it holds, under the parameter's name (seventh trial, B7: a DTensor parameter has no
-    storage of its own, and reading it natively crashed the process)."""
-    if type(tensor) is torch.Tensor or type(tensor) is torch.nn.Parameter:
-        return tensor
-    local = getattr(tensor, "_local_tensor", None)
-    return local if type(local) is torch.Tensor else tensor
 
 
 def _holdable(tensor: torch.Tensor) -> bool:

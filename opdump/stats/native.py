@@ -95,8 +95,14 @@ class NativeUnavailable(Exception):
 
 
 # ------------------------------------------------------------------ where
+def switched_on(name: str) -> bool:
+    """An ``OPDUMP_*`` switch of a native path (this module, the graph taps, the eager observer,
+    the graph watch): on unless the environment sets it to 0, false, no or off."""
+    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 def enabled_by_environment() -> bool:
-    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
+    return switched_on(ENV_SWITCH)
 
 
 def _cpu_flags() -> str:

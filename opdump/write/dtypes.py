@@ -27,12 +27,22 @@ def storage_dtype(dtype: torch.dtype) -> torch.dtype:
     return target
 
 
+def local_shard(tensor):
+    """``tensor``, or for a DTensor (FSDP2's ``fully_shard`` parameters) the shard this rank
+    holds -- its ``_local_tensor``, taken with no dispatcher call: each rank's files and rows are
+    of what it holds, under the parameter's name (seventh trial, B7: a DTensor parameter has no
+    storage of its own, and reading it natively crashed the process)."""
+    if type(tensor) is torch.Tensor or type(tensor) is torch.nn.Parameter:
+        return tensor
+    local = getattr(tensor, "_local_tensor", None)
+    return local if type(local) is torch.Tensor else tensor
+
+
 def to_numpy(tensor: torch.Tensor) -> np.ndarray:
     """Exact numpy copy/view of a CPU tensor, converted or bit-viewed per :func:`storage_dtype`.
-    A DTensor (FSDP2's parameters) is its local shard: each rank's files hold what it holds (B7 of
-    the seventh trial: ``.numpy()`` of the subclass raised in the writer and stopped the dump)."""
-    if type(tensor) is not torch.Tensor and callable(getattr(tensor, "to_local", None)):
-        tensor = tensor.to_local()
+    A DTensor is its :func:`local_shard` (``.numpy()`` of the subclass raised in the writer and
+    stopped the dump: B7 of the seventh trial)."""
+    tensor = local_shard(tensor)
     target = storage_dtype(tensor.dtype)
     if target is not tensor.dtype:
         if str(tensor.dtype)[6:] in VIEWED_AS:

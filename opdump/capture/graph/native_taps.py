@@ -26,7 +26,6 @@ Guarantees:
 """
 from __future__ import annotations
 
-import os
 import weakref
 from typing import Optional
 
@@ -39,7 +38,7 @@ ENV_SWITCH = "OPDUMP_GRAPH_NATIVE_TAPS"
 
 
 def enabled_by_environment() -> bool:
-    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
+    return native.switched_on(ENV_SWITCH)
 
 
 def fast(recorder) -> bool:

@@ -53,6 +53,7 @@ from typing import List, Optional
 
 import torch
 
+from ....stats.native import switched_on
 from .callbacks import NativeCallbacks
 from .inert import InertMode
 from .watch import NativeWatch
@@ -64,7 +65,7 @@ def native_enabled() -> bool:
     """The switch: the observer serves eligible iterations unless ``OPDUMP_NATIVE_EAGER=0``
     (on by default: its dumps equal the Python capture's on the suite and the zoo, and the
     probe proves the naming of each program it serves)."""
-    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
+    return switched_on(ENV_SWITCH)
 
 
 def native_requested() -> bool:
